@@ -1,0 +1,86 @@
+// Dense MLA decode over a paged KV cache (SPEC section 1).
+//
+// Usage per decoding step (see README):
+//   1. mla_decode_workspace_size(problem, &bytes)  once, allocate `bytes` of device memory;
+//   2. mla_decode_plan(problem, cache_seqlens, ws, bytes, stream, &plan)  once per step: the
+//      split-KV schedule is computed on the device from device-resident lengths;
+//   3. mla_decode(args, plan, stream)  for every layer of the step.
+// Nothing here allocates or synchronises the host; all three steps can be captured in a
+// CUDA graph (the plan only records offsets into the caller's workspace).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "mlakit/status.h"
+#include "mlakit/stream.h"
+#include "mlakit/tensor.h"
+
+namespace mlakit {
+
+// Logit scale meaning "1 / sqrt(d_qk)".
+inline constexpr float kDefaultSoftmaxScale = std::numeric_limits<float>::quiet_NaN();
+
+// What the plan depends on. Layers whose problems are equal share one plan.
+struct MlaDecodeProblem {
+  int64_t b = 0;   // sequences in the batch
+  int s_q = 1;     // query tokens per sequence, >= 1 (> 1: speculative / MTP decoding)
+  int h_q = 0;     // query heads
+  int h_kv = 1;    // latent KV heads; h_q % h_kv == 0
+  int d_qk = 576;  // query/key head dim (512 NoPE + 64 RoPE)
+  int d_v = 512;   // value head dim: the first d_v columns of each cache row
+};
+
+// Which kernel family a plan was made for (chosen from the device architecture).
+enum class MlaDecodeKernel : int32_t {
+  kPortable = 0,  // any CUDA GPU of sm80 or newer
+};
+
+// Result of mla_decode_plan. Plain data: copy it freely, reuse it for every layer of a step.
+struct MlaDecodePlan {
+  MlaDecodeProblem problem;
+  MlaDecodeKernel kernel = MlaDecodeKernel::kPortable;
+  int device = -1;          // CUDA device ordinal the plan was made on
+  int num_parts = 0;        // CTAs per (kv head, row tile) sharing the batch's KV work
+  int block_n = 0;          // scheduling granularity, in keys
+  int overhead_blocks = 0;  // scheduling cost of one sequence piece, in blocks
+  int rows_per_tile = 0;    // query rows (token x head pairs) per CTA
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  // Byte offsets of the regions of the workspace (see docs/design.md, "Workspace").
+  std::size_t part_ranges_offset = 0;    // int32 [num_parts, 8]: per-CTA work ranges
+  std::size_t split_prefix_offset = 0;   // int32 [b + 1]: prefix sums of per-sequence splits
+  std::size_t partial_prefix_offset = 0; // int32 [b + 1]: prefix sums of partial-result slots
+  std::size_t cost_prefix_offset = 0;    // int64 [b + 1]: planner scratch
+  std::size_t partial_out_offset = 0;    // float [partial_slots, h_kv, rows, d_v]
+  std::size_t partial_lse_offset = 0;    // float [partial_slots, h_kv, rows] (log2 domain)
+  int64_t partial_slots = 0;             // capacity of the partial regions, in splits
+};
+
+struct MlaDecodeArgs {
+  TensorRef q;              // [b, s_q, h_q, d_qk]             bf16 | fp16
+  TensorRef kv_cache;       // [num_blocks, page_size, h_kv, d_qk]  same dtype as q
+  TensorRef block_table;    // [b, max_blocks_per_seq]          int32
+  TensorRef cache_seqlens;  // [b]                              int32, >= 0
+  TensorRef out;            // [b, s_q, h_q, d_v]               q's dtype (written)
+  TensorRef lse;            // [b, h_q, s_q]                    float32, natural log (written)
+  float softmax_scale = kDefaultSoftmaxScale;
+  bool causal = false;      // ignored when s_q == 1
+};
+
+// Bytes of device workspace mla_decode_plan / mla_decode need for `problem` on the current
+// device. Independent of sequence lengths.
+Status mla_decode_workspace_size(const MlaDecodeProblem& problem, std::size_t* bytes);
+
+// Computes the split-KV schedule for `cache_seqlens` ([b] int32 on the device) into
+// `workspace` (256-byte aligned, >= the queried size) on `stream`, and fills `plan`.
+Status mla_decode_plan(const MlaDecodeProblem& problem, const TensorRef& cache_seqlens,
+                       void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
+                       MlaDecodePlan* plan);
+
+// Runs the attention for one layer. `args.cache_seqlens` must hold the lengths the plan was
+// made from (not re-checked: that would need a host synchronisation).
+Status mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan, cudaStream_t stream);
+
+}  // namespace mlakit

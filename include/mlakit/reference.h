@@ -1,0 +1,25 @@
+// CPU reference implementations (float64 accumulation) of mlakit's operations, for tests and
+// for machines without a GPU. They take host pointers and follow the same contract (SPEC) and
+// validation as the GPU entry points.
+#pragma once
+
+#include <cstdint>
+
+#include "mlakit/mla_decode.h"
+#include "mlakit/status.h"
+
+namespace mlakit::reference {
+
+// Dense MLA decode (SPEC section 1) on host memory. No plan is needed. Rows attend to keys
+// whose block-table entry is out of [0, num_blocks) or past the table's width give NaN rows,
+// like the GPU kernels (which never dereference such entries). num_threads 0 = hardware
+// concurrency.
+Status mla_decode(const MlaDecodeArgs& args, int num_threads = 0);
+
+// SPEC section 6: merges the partial states (o_a, lse_a) and (o_b, lse_b) of one row into
+// (o, lse); natural-log LSEs. An LSE of -inf or +inf marks an empty state; merging only empty
+// states gives o = 0, lse = +inf. o may alias o_a or o_b.
+void merge_states(const double* o_a, double lse_a, const double* o_b, double lse_b, int64_t d,
+                  double* o, double* lse);
+
+}  // namespace mlakit::reference

@@ -1,0 +1,44 @@
+// Conversions between float and the 16-bit activation types, uniform over bf16 and fp16.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace mlakit::device {
+
+template <typename Elem>
+struct ElemOps;
+
+template <>
+struct ElemOps<__nv_bfloat16> {
+  // lo in the low 16 bits, as the MMA fragments expect.
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ uint32_t pack_raw(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
+  }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+
+template <>
+struct ElemOps<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ uint32_t pack_raw(__half lo, __half hi) {
+    return static_cast<uint32_t>(__half_as_ushort(lo)) |
+           (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
+  }
+  static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+};
+
+inline constexpr float kLn2 = 0.693147180559945309f;
+inline constexpr float kLog2e = 1.442695040888963407f;
+
+}  // namespace mlakit::device

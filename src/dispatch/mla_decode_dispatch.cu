@@ -1,0 +1,103 @@
+#include "dispatch/mla_decode_dispatch.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "kernels/portable/launch.h"
+
+namespace mlakit::detail {
+namespace {
+
+template <typename T>
+T* region(const MlaDecodePlan& plan, std::size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(plan.workspace) + offset);
+}
+
+Status cuda_status(const char* op, cudaError_t err) {
+  if (err == cudaSuccess) return Status::ok();
+  return Status(StatusCode::kCudaError, std::string(op) + ": " + cudaGetErrorName(err) + ": " +
+                                            cudaGetErrorString(err));
+}
+
+ScheduleConfig plan_schedule_config(const MlaDecodePlan& plan) {
+  return ScheduleConfig{
+      .num_parts = plan.num_parts,
+      .block_n = plan.block_n,
+      .overhead_blocks = plan.overhead_blocks,
+  };
+}
+
+}  // namespace
+
+Status dispatch_decode_plan(const MlaDecodePlan& plan, const int32_t* cache_seqlens,
+                            cudaStream_t stream) {
+  return cuda_status(
+      "mla_decode_plan",
+      launch_decode_plan(cache_seqlens, plan.problem.b, plan_schedule_config(plan),
+                         region<int64_t>(plan, plan.cost_prefix_offset),
+                         region<int32_t>(plan, plan.split_prefix_offset),
+                         region<int32_t>(plan, plan.partial_prefix_offset),
+                         region<PartRange>(plan, plan.part_ranges_offset), stream));
+}
+
+Status dispatch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float softmax_scale,
+                           cudaStream_t stream) {
+  const MlaDecodeProblem& pr = plan.problem;
+  const int heads_per_kv = pr.h_q / pr.h_kv;
+  const MlaDecodeParams params{
+      .q = a.q.data,
+      .kv = a.kv_cache.data,
+      .block_table = static_cast<const int32_t*>(a.block_table.data),
+      .seqlens = static_cast<const int32_t*>(a.cache_seqlens.data),
+      .out = a.out.data,
+      .lse = static_cast<float*>(a.lse.data),
+      .part_ranges = region<const PartRange>(plan, plan.part_ranges_offset),
+      .split_prefix = region<const int32_t>(plan, plan.split_prefix_offset),
+      .partial_prefix = region<const int32_t>(plan, plan.partial_prefix_offset),
+      .partial_out = region<float>(plan, plan.partial_out_offset),
+      .partial_lse = region<float>(plan, plan.partial_lse_offset),
+      .q_stride_b = a.q.stride[0],
+      .q_stride_s = a.q.stride[1],
+      .q_stride_h = a.q.stride[2],
+      .kv_stride_block = a.kv_cache.stride[0],
+      .kv_stride_page = a.kv_cache.stride[1],
+      .kv_stride_h = a.kv_cache.stride[2],
+      .block_table_stride_b = a.block_table.stride[0],
+      .out_stride_b = a.out.stride[0],
+      .out_stride_s = a.out.stride[1],
+      .out_stride_h = a.out.stride[2],
+      .lse_stride_b = a.lse.stride[0],
+      .lse_stride_h = a.lse.stride[1],
+      .lse_stride_s = a.lse.stride[2],
+      .b = pr.b,
+      .s_q = pr.s_q,
+      .h_q = pr.h_q,
+      .h_kv = pr.h_kv,
+      .heads_per_kv = heads_per_kv,
+      .rows = pr.s_q * heads_per_kv,
+      .page_size = static_cast<int>(a.kv_cache.shape[1]),
+      .num_blocks = a.kv_cache.shape[0],
+      .max_blocks_per_seq = static_cast<int>(a.block_table.shape[1]),
+      .block_n = plan.block_n,
+      .num_parts = plan.num_parts,
+      .scale_log2 = softmax_scale * 1.4426950408889634f,
+      .causal = a.causal && pr.s_q > 1,
+  };
+  const int row_tiles = static_cast<int>((params.rows + plan.rows_per_tile - 1) / plan.rows_per_tile);
+  cudaError_t err = cudaErrorInvalidValue;
+  switch (a.q.dtype) {
+    case DType::kBF16:
+      err = launch_mla_decode_portable<__nv_bfloat16>(params, row_tiles, stream);
+      break;
+    case DType::kFP16:
+      err = launch_mla_decode_portable<__half>(params, row_tiles, stream);
+      break;
+    default:
+      return Status(StatusCode::kUnsupported, "mla_decode: q.dtype: expected bf16 or fp16");
+  }
+  return cuda_status("mla_decode", err);
+}
+
+}  // namespace mlakit::detail

@@ -1,0 +1,17 @@
+// Dispatch of the dense MLA decode: validated arguments -> kernel parameters -> launches.
+// Plain C++ interface; implemented in CUDA (mla_decode_dispatch.cu), absent without CUDA.
+#pragma once
+
+#include "mlakit/mla_decode.h"
+
+namespace mlakit::detail {
+
+// Runs the device planner of `plan` over `cache_seqlens` ([b] int32, device).
+Status dispatch_decode_plan(const MlaDecodePlan& plan, const int32_t* cache_seqlens,
+                            cudaStream_t stream);
+
+// Launches attention + combine for validated arguments.
+Status dispatch_mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan,
+                           float softmax_scale, cudaStream_t stream);
+
+}  // namespace mlakit::detail

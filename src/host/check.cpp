@@ -1,0 +1,122 @@
+#include "host/check.h"
+
+#include <limits>
+#include <sstream>
+
+namespace mlakit::detail {
+
+Status invalid(const char* op, const std::string& what) {
+  return Status(StatusCode::kInvalidArgument, std::string(op) + ": " + what);
+}
+
+Status unsupported(const char* op, const std::string& what) {
+  return Status(StatusCode::kUnsupported, std::string(op) + ": " + what);
+}
+
+std::string shape_string(const TensorRef& t) {
+  std::ostringstream s;
+  s << "[";
+  for (int i = 0; i < t.rank; ++i) s << (i ? ", " : "") << t.shape[i];
+  s << "]";
+  return s.str();
+}
+
+Status check_tensor_wellformed(const char* op, const char* name, const TensorRef& t) {
+  if (t.rank < 1 || t.rank > kMaxRank) {
+    return invalid(op, std::string(name) + ": expected a tensor of rank 1.." +
+                           std::to_string(kMaxRank) + ", got rank " + std::to_string(t.rank) +
+                           (t.rank < 0 ? " (shape and stride lists differ in length)" : ""));
+  }
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] < 0) {
+      return invalid(op, std::string(name) + ".shape[" + std::to_string(i) +
+                             "]: expected >= 0, got " + std::to_string(t.shape[i]));
+    }
+    if (t.stride[i] < 0) {
+      return invalid(op, std::string(name) + ".stride[" + std::to_string(i) +
+                             "]: expected >= 0 (negative strides are not supported), got " +
+                             std::to_string(t.stride[i]));
+    }
+  }
+  if (t.data == nullptr && t.numel() != 0) {
+    return invalid(op, std::string(name) + ": expected a non-null pointer, got null");
+  }
+  return check_extent_fits(op, name, t);
+}
+
+Status check_dtype(const char* op, const char* name, const TensorRef& t,
+                   std::initializer_list<DType> allowed) {
+  for (DType d : allowed) {
+    if (t.dtype == d) return Status::ok();
+  }
+  std::string expected;
+  for (DType d : allowed) expected += (expected.empty() ? "" : " or ") + std::string(dtype_name(d));
+  return invalid(op, std::string(name) + ".dtype: expected " + expected + ", got " +
+                         dtype_name(t.dtype));
+}
+
+Status check_same_dtype(const char* op, const char* name, const TensorRef& t,
+                        const char* other_name, DType other) {
+  if (t.dtype == other) return Status::ok();
+  return invalid(op, std::string(name) + ".dtype: expected " + dtype_name(other) + " (the dtype of " +
+                         other_name + "), got " + dtype_name(t.dtype));
+}
+
+Status check_rank(const char* op, const char* name, const TensorRef& t, int rank) {
+  if (t.rank == rank) return Status::ok();
+  return invalid(op, std::string(name) + ": expected rank " + std::to_string(rank) + ", got rank " +
+                         std::to_string(t.rank) + " (shape " + shape_string(t) + ")");
+}
+
+Status check_dim(const char* op, const char* name, const TensorRef& t, int axis,
+                 const char* dim_name, int64_t expected) {
+  if (t.shape[axis] == expected) return Status::ok();
+  return invalid(op, std::string(name) + ".shape[" + std::to_string(axis) + "] (" + dim_name +
+                         "): expected " + std::to_string(expected) + ", got " +
+                         std::to_string(t.shape[axis]));
+}
+
+Status check_last_dim_contiguous(const char* op, const char* name, const TensorRef& t) {
+  int last = t.rank - 1;
+  if (t.stride[last] == 1 || t.shape[last] <= 1) return Status::ok();
+  return invalid(op, std::string(name) + ".stride[" + std::to_string(last) +
+                         "]: expected 1 (last dimension contiguous), got " +
+                         std::to_string(t.stride[last]));
+}
+
+Status check_row_alignment(const char* op, const char* name, const TensorRef& t, int bytes) {
+  auto address = reinterpret_cast<std::uintptr_t>(t.data);
+  if (address % bytes != 0) {
+    return invalid(op, std::string(name) + ": expected a " + std::to_string(bytes) +
+                           "-byte aligned pointer, got an address = " +
+                           std::to_string(address % bytes) + " mod " + std::to_string(bytes));
+  }
+  int64_t elems = bytes / static_cast<int64_t>(dtype_size(t.dtype));
+  for (int i = 0; i + 1 < t.rank; ++i) {
+    if (t.shape[i] > 1 && t.stride[i] % elems != 0) {
+      return invalid(op, std::string(name) + ".stride[" + std::to_string(i) +
+                             "]: expected a multiple of " + std::to_string(elems) + " elements (" +
+                             std::to_string(bytes) + " bytes), got " +
+                             std::to_string(t.stride[i]));
+    }
+  }
+  return Status::ok();
+}
+
+Status check_extent_fits(const char* op, const char* name, const TensorRef& t) {
+  // Largest element offset = sum (shape-1)*stride; compute with overflow checks.
+  const int64_t limit = std::numeric_limits<int64_t>::max() / 16;
+  int64_t extent = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] == 0) return Status::ok();
+    int64_t n = t.shape[i] - 1;
+    if (n > 0 && t.stride[i] > (limit - extent) / n) {
+      return invalid(op, std::string(name) + ": shape " + shape_string(t) +
+                             " with its strides spans more than 2^59 elements");
+    }
+    extent += n * t.stride[i];
+  }
+  return Status::ok();
+}
+
+}  // namespace mlakit::detail

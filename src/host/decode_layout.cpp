@@ -1,0 +1,112 @@
+#include "host/decode_layout.h"
+
+#include <string>
+
+#include "host/check.h"
+
+namespace mlakit::detail {
+namespace {
+
+constexpr int kSupportedDqk = 576;
+constexpr int kSupportedDv = 512;
+
+std::size_t align_up(std::size_t x) {
+  return (x + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+}  // namespace
+
+DecodeKernelTraits select_decode_kernel(const DeviceInfo&) {
+  return DecodeKernelTraits{
+      .kernel = MlaDecodeKernel::kPortable,
+      .rows_per_tile = 32,
+      .block_n = 64,
+      .overhead_blocks = 5,
+      .ctas_per_sm = 2,
+  };
+}
+
+int64_t decode_rows(const MlaDecodeProblem& p) {
+  return static_cast<int64_t>(p.s_q) * (p.h_q / p.h_kv);
+}
+
+int64_t decode_row_tiles(const MlaDecodeProblem& p, const DecodeKernelTraits& t) {
+  return (decode_rows(p) + t.rows_per_tile - 1) / t.rows_per_tile;
+}
+
+int decode_num_parts(const MlaDecodeProblem& p, const DecodeKernelTraits& t, int sm_count) {
+  int64_t ctas_per_part = static_cast<int64_t>(p.h_kv) * decode_row_tiles(p, t);
+  int64_t parts = static_cast<int64_t>(sm_count) * t.ctas_per_sm / ctas_per_part;
+  return static_cast<int>(parts < 1 ? 1 : parts);
+}
+
+ScheduleConfig decode_schedule_config(const MlaDecodeProblem& p, const DecodeKernelTraits& t,
+                                      int sm_count) {
+  return ScheduleConfig{
+      .num_parts = decode_num_parts(p, t, sm_count),
+      .block_n = t.block_n,
+      .overhead_blocks = t.overhead_blocks,
+  };
+}
+
+Status validate_decode_problem(const char* op, const MlaDecodeProblem& p) {
+  if (p.b < 1 || p.b > (int64_t{1} << 30)) {
+    return invalid(op, "b: expected 1 <= b <= 2^30, got " + std::to_string(p.b));
+  }
+  if (p.s_q < 1 || p.s_q > 1024) {
+    return invalid(op, "s_q: expected 1 <= s_q <= 1024, got " + std::to_string(p.s_q));
+  }
+  if (p.h_kv < 1 || p.h_kv > 65535) {
+    return invalid(op, "h_kv: expected 1 <= h_kv <= 65535, got " + std::to_string(p.h_kv));
+  }
+  if (p.h_q < 1) return invalid(op, "h_q: expected >= 1, got " + std::to_string(p.h_q));
+  if (p.h_q % p.h_kv != 0) {
+    return invalid(op, "h_q % h_kv: expected 0 (h_q a multiple of h_kv), got h_q = " +
+                           std::to_string(p.h_q) + ", h_kv = " + std::to_string(p.h_kv));
+  }
+  if (p.d_qk != kSupportedDqk) {
+    return unsupported(op, "d_qk: expected " + std::to_string(kSupportedDqk) +
+                               " (512 NoPE + 64 RoPE), got " + std::to_string(p.d_qk));
+  }
+  if (p.d_v != kSupportedDv) {
+    return unsupported(op, "d_v: expected " + std::to_string(kSupportedDv) + ", got " +
+                               std::to_string(p.d_v));
+  }
+  return Status::ok();
+}
+
+Status make_decode_layout(const MlaDecodeProblem& p, const DeviceInfo& device,
+                          MlaDecodePlan* plan) {
+  MLAKIT_RETURN_IF_ERROR(validate_decode_problem("mla_decode_plan", p));
+  DecodeKernelTraits traits = select_decode_kernel(device);
+  MlaDecodePlan out;
+  out.problem = p;
+  out.kernel = traits.kernel;
+  out.device = device.ordinal;
+  out.num_parts = decode_num_parts(p, traits, device.sm_count);
+  out.block_n = traits.block_n;
+  out.overhead_blocks = traits.overhead_blocks;
+  out.rows_per_tile = traits.rows_per_tile;
+  out.partial_slots = 2 * static_cast<int64_t>(out.num_parts);
+
+  const auto b1 = static_cast<std::size_t>(p.b + 1);
+  const auto rows = static_cast<std::size_t>(decode_rows(p));
+  const auto slots_rows = static_cast<std::size_t>(out.partial_slots) * p.h_kv * rows;
+  std::size_t offset = 0;
+  auto region = [&offset](std::size_t bytes) {
+    std::size_t at = offset;
+    offset = align_up(offset + bytes);
+    return at;
+  };
+  out.part_ranges_offset = region(sizeof(PartRange) * out.num_parts);
+  out.split_prefix_offset = region(sizeof(int32_t) * b1);
+  out.partial_prefix_offset = region(sizeof(int32_t) * b1);
+  out.cost_prefix_offset = region(sizeof(int64_t) * b1);
+  out.partial_out_offset = region(sizeof(float) * slots_rows * p.d_v);
+  out.partial_lse_offset = region(sizeof(float) * slots_rows);
+  out.workspace_bytes = offset;
+  *plan = out;
+  return Status::ok();
+}
+
+}  // namespace mlakit::detail

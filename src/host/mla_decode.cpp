@@ -1,0 +1,112 @@
+// Public entry points of the dense MLA decode: validation, plan layout, dispatch.
+#include "mlakit/mla_decode.h"
+
+#include <string>
+
+#include "host/check.h"
+#include "host/decode_layout.h"
+#include "host/device.h"
+#include "host/mla_decode_validate.h"
+#if MLAKIT_WITH_CUDA
+#include "dispatch/mla_decode_dispatch.h"
+#endif
+
+namespace mlakit {
+namespace {
+
+using detail::invalid;
+
+// Every kernel needs sm80+ (bf16 mma.sync); older GPUs get an error, never wrong code.
+Status check_architecture(const char* op, const detail::DeviceInfo& dev) {
+  if (dev.cc_major >= 8) return Status::ok();
+  return Status(StatusCode::kUnsupportedArchitecture,
+                std::string(op) + ": device " + std::to_string(dev.ordinal) +
+                    ": expected compute capability >= 8.0 (sm80), got " +
+                    std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
+}
+
+Status current_supported_device(const char* op, detail::DeviceInfo* dev) {
+  MLAKIT_RETURN_IF_ERROR(detail::current_device_info(dev));
+  return check_architecture(op, *dev);
+}
+
+Status check_seqlens(const char* op, const TensorRef& seqlens, int64_t b, int device) {
+  using namespace detail;
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "cache_seqlens", seqlens));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "cache_seqlens", seqlens, {DType::kInt32}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "cache_seqlens", seqlens, 1));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "cache_seqlens", seqlens, 0, "b", b));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "cache_seqlens", seqlens));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "cache_seqlens", seqlens, 4));
+  return check_device_pointer(op, "cache_seqlens", seqlens.data, device);
+}
+
+}  // namespace
+
+Status mla_decode_workspace_size(const MlaDecodeProblem& problem, std::size_t* bytes) {
+  constexpr const char* kOp = "mla_decode_workspace_size";
+  if (bytes == nullptr) return invalid(kOp, "bytes: expected a non-null pointer, got null");
+  MLAKIT_RETURN_IF_ERROR(detail::validate_decode_problem(kOp, problem));
+  detail::DeviceInfo dev;
+  MLAKIT_RETURN_IF_ERROR(current_supported_device(kOp, &dev));
+  MlaDecodePlan layout;
+  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout));
+  *bytes = layout.workspace_bytes;
+  return Status::ok();
+}
+
+Status mla_decode_plan(const MlaDecodeProblem& problem, const TensorRef& cache_seqlens,
+                       void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
+                       MlaDecodePlan* plan) {
+  constexpr const char* kOp = "mla_decode_plan";
+  if (plan == nullptr) return invalid(kOp, "plan: expected a non-null pointer, got null");
+  MLAKIT_RETURN_IF_ERROR(detail::validate_decode_problem(kOp, problem));
+  detail::DeviceInfo dev;
+  MLAKIT_RETURN_IF_ERROR(current_supported_device(kOp, &dev));
+  MLAKIT_RETURN_IF_ERROR(check_seqlens(kOp, cache_seqlens, problem.b, dev.ordinal));
+  MlaDecodePlan layout;
+  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout));
+  if (workspace == nullptr) return invalid(kOp, "workspace: expected a non-null pointer, got null");
+  if (reinterpret_cast<std::uintptr_t>(workspace) % detail::kWorkspaceAlignment != 0) {
+    return invalid(kOp, "workspace: expected a " + std::to_string(detail::kWorkspaceAlignment) +
+                            "-byte aligned pointer, got an address = " +
+                            std::to_string(reinterpret_cast<std::uintptr_t>(workspace) %
+                                           detail::kWorkspaceAlignment) +
+                            " mod " + std::to_string(detail::kWorkspaceAlignment));
+  }
+  if (workspace_bytes < layout.workspace_bytes) {
+    return Status(StatusCode::kWorkspaceTooSmall,
+                  std::string(kOp) + ": workspace_bytes: expected >= " +
+                      std::to_string(layout.workspace_bytes) + " (mla_decode_workspace_size), got " +
+                      std::to_string(workspace_bytes));
+  }
+  MLAKIT_RETURN_IF_ERROR(detail::check_device_pointer(kOp, "workspace", workspace, dev.ordinal));
+  layout.workspace = workspace;
+  layout.workspace_bytes = workspace_bytes;
+#if MLAKIT_WITH_CUDA
+  MLAKIT_RETURN_IF_ERROR(detail::dispatch_decode_plan(
+      layout, static_cast<const int32_t*>(cache_seqlens.data), stream));
+#else
+  (void)stream;
+#endif
+  *plan = layout;
+  return Status::ok();
+}
+
+Status mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan, cudaStream_t stream) {
+  constexpr const char* kOp = "mla_decode";
+  MlaDecodeProblem problem;
+  MLAKIT_RETURN_IF_ERROR(detail::validate_mla_decode_args(kOp, args, &problem));
+  detail::DeviceInfo dev;
+  MLAKIT_RETURN_IF_ERROR(current_supported_device(kOp, &dev));
+  MLAKIT_RETURN_IF_ERROR(detail::validate_mla_decode_device_args(kOp, args, problem, plan, dev.ordinal));
+#if MLAKIT_WITH_CUDA
+  return detail::dispatch_mla_decode(args, plan, detail::resolve_softmax_scale(args.softmax_scale, problem.d_qk),
+                                     stream);
+#else
+  (void)stream;
+  return Status(StatusCode::kNoDevice, "mla_decode: mlakit was built without CUDA");
+#endif
+}
+
+}  // namespace mlakit

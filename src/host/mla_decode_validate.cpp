@@ -1,0 +1,149 @@
+#include "host/mla_decode_validate.h"
+
+#include <cmath>
+#include <string>
+
+#include "host/check.h"
+#include "host/decode_layout.h"
+#include "host/device.h"
+
+namespace mlakit::detail {
+namespace {
+
+// The kernels copy q and cache rows in 16-byte pieces.
+constexpr int kRowAlignmentBytes = 16;
+
+Status check_plan_matches(const char* op, const MlaDecodeProblem& args_problem,
+                          const MlaDecodePlan& plan) {
+  const MlaDecodeProblem& p = plan.problem;
+  auto mismatch = [op](const char* what, int64_t plan_value, int64_t arg_value) {
+    return invalid(op, std::string(what) + ": expected " + std::to_string(plan_value) +
+                           " (the plan's), got " + std::to_string(arg_value) +
+                           " (from the arguments): make a plan for this problem");
+  };
+  if (p.b != args_problem.b) return mismatch("b", p.b, args_problem.b);
+  if (p.s_q != args_problem.s_q) return mismatch("s_q", p.s_q, args_problem.s_q);
+  if (p.h_q != args_problem.h_q) return mismatch("h_q", p.h_q, args_problem.h_q);
+  if (p.h_kv != args_problem.h_kv) return mismatch("h_kv", p.h_kv, args_problem.h_kv);
+  if (p.d_qk != args_problem.d_qk) return mismatch("d_qk", p.d_qk, args_problem.d_qk);
+  if (p.d_v != args_problem.d_v) return mismatch("d_v", p.d_v, args_problem.d_v);
+  return Status::ok();
+}
+
+}  // namespace
+
+float resolve_softmax_scale(float scale, int d_qk) {
+  return std::isnan(scale) ? 1.0f / std::sqrt(static_cast<float>(d_qk)) : scale;
+}
+
+Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecodeProblem* problem) {
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "q", a.q));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "q", a.q, {DType::kBF16, DType::kFP16}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "q", a.q, 4));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "q", a.q));
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "kv_cache", a.kv_cache));
+  MLAKIT_RETURN_IF_ERROR(check_same_dtype(op, "kv_cache", a.kv_cache, "q", a.q.dtype));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "kv_cache", a.kv_cache, 4));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "kv_cache", a.kv_cache));
+
+  MlaDecodeProblem p;
+  p.b = a.q.shape[0];
+  p.s_q = static_cast<int>(a.q.shape[1]);
+  p.h_q = static_cast<int>(a.q.shape[2]);
+  p.d_qk = static_cast<int>(a.q.shape[3]);
+  p.h_kv = static_cast<int>(a.kv_cache.shape[2]);
+  if (a.q.shape[1] != p.s_q || a.q.shape[2] != p.h_q || a.q.shape[3] != p.d_qk ||
+      a.kv_cache.shape[2] != p.h_kv) {
+    return invalid(op, "q or kv_cache: dimension too large: q " + shape_string(a.q) +
+                           ", kv_cache " + shape_string(a.kv_cache));
+  }
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "kv_cache", a.kv_cache, 3, "d_qk", p.d_qk));
+  const int64_t page_size = a.kv_cache.shape[1];
+  if (page_size < 1 || page_size > (int64_t{1} << 30)) {
+    return invalid(op, "kv_cache.shape[1] (page_block_size): expected 1 <= page_block_size <= "
+                       "2^30, got " + std::to_string(page_size));
+  }
+  if (a.kv_cache.shape[0] > INT32_MAX) {
+    return invalid(op, "kv_cache.shape[0] (num_blocks): expected <= 2^31 - 1 (int32 block "
+                       "ids), got " + std::to_string(a.kv_cache.shape[0]));
+  }
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "block_table", a.block_table));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "block_table", a.block_table, {DType::kInt32}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "block_table", a.block_table, 2));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "block_table", a.block_table, 0, "b", p.b));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "block_table", a.block_table));
+  if (a.block_table.shape[1] > INT32_MAX) {
+    return invalid(op, "block_table.shape[1] (max_blocks_per_seq): expected <= 2^31 - 1, got " +
+                           std::to_string(a.block_table.shape[1]));
+  }
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "cache_seqlens", a.cache_seqlens));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "cache_seqlens", a.cache_seqlens, {DType::kInt32}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "cache_seqlens", a.cache_seqlens, 1));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "cache_seqlens", a.cache_seqlens, 0, "b", p.b));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "cache_seqlens", a.cache_seqlens));
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "out", a.out));
+  MLAKIT_RETURN_IF_ERROR(check_same_dtype(op, "out", a.out, "q", a.q.dtype));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "out", a.out, 4));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 0, "b", p.b));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 1, "s_q", p.s_q));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 2, "h_q", p.h_q));
+  p.d_v = static_cast<int>(a.out.shape[3]);
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "out", a.out));
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "lse", a.lse));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "lse", a.lse, {DType::kFP32}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "lse", a.lse, 3));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "lse", a.lse, 0, "b", p.b));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "lse", a.lse, 1, "h_q", p.h_q));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "lse", a.lse, 2, "s_q", p.s_q));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "lse", a.lse));
+
+  if (std::isinf(a.softmax_scale)) {
+    return invalid(op, "softmax_scale: expected a finite value (or kDefaultSoftmaxScale), got " +
+                           std::to_string(a.softmax_scale));
+  }
+  MLAKIT_RETURN_IF_ERROR(validate_decode_problem(op, p));
+  *problem = p;
+  return Status::ok();
+}
+
+Status validate_mla_decode_device_args(const char* op, const MlaDecodeArgs& a,
+                                       const MlaDecodeProblem& problem,
+                                       const MlaDecodePlan& plan, int device) {
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "q", a.q, kRowAlignmentBytes));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "kv_cache", a.kv_cache, kRowAlignmentBytes));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "out", a.out, 4));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "lse", a.lse, 4));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "block_table", a.block_table, 4));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "cache_seqlens", a.cache_seqlens, 4));
+
+  if (plan.workspace == nullptr || plan.num_parts < 1) {
+    return invalid(op, "plan: expected a plan filled by mla_decode_plan, got an empty plan");
+  }
+  if (plan.device != device) {
+    return invalid(op, "plan.device: expected " + std::to_string(device) +
+                           " (the current device), got " + std::to_string(plan.device));
+  }
+  MLAKIT_RETURN_IF_ERROR(check_plan_matches(op, problem, plan));
+
+  const struct {
+    const char* name;
+    const void* ptr;
+  } pointers[] = {{"q", a.q.data},
+                  {"kv_cache", a.kv_cache.data},
+                  {"block_table", a.block_table.data},
+                  {"cache_seqlens", a.cache_seqlens.data},
+                  {"out", a.out.data},
+                  {"lse", a.lse.data},
+                  {"plan.workspace", plan.workspace}};
+  for (const auto& p : pointers) {
+    if (p.ptr != nullptr) MLAKIT_RETURN_IF_ERROR(check_device_pointer(op, p.name, p.ptr, device));
+  }
+  return Status::ok();
+}
+
+}  // namespace mlakit::detail

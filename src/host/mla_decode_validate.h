@@ -1,0 +1,21 @@
+// Validation of dense MLA decode arguments. The host-only part is shared by the GPU entry
+// point and the CPU reference; the device part adds what only the GPU path needs.
+#pragma once
+
+#include "mlakit/mla_decode.h"
+
+namespace mlakit::detail {
+
+// dtypes, ranks, shape agreement, contiguity, scale; fills `problem` from the shapes.
+Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& args,
+                                MlaDecodeProblem* problem);
+
+// Alignment the kernels need, pointer locations, and agreement with the plan.
+Status validate_mla_decode_device_args(const char* op, const MlaDecodeArgs& args,
+                                       const MlaDecodeProblem& problem,
+                                       const MlaDecodePlan& plan, int device);
+
+// NaN (kDefaultSoftmaxScale) -> 1/sqrt(d_qk); anything else is used as given.
+float resolve_softmax_scale(float scale, int d_qk);
+
+}  // namespace mlakit::detail

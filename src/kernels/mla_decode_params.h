@@ -1,0 +1,48 @@
+// Kernel-side parameters of the dense MLA decode: plain data filled by the dispatch layer
+// with designated initializers. Strides are in elements.
+#pragma once
+
+#include <cstdint>
+
+#include "common/decode_schedule.h"
+
+namespace mlakit::detail {
+
+struct MlaDecodeParams {
+  const void* q;                 // [b, s_q, h_q, d_qk]
+  const void* kv;                // [num_blocks, page_size, h_kv, d_qk]
+  const int32_t* block_table;    // [b, max_blocks_per_seq]
+  const int32_t* seqlens;        // [b]
+  void* out;                     // [b, s_q, h_q, d_v]
+  float* lse;                    // [b, h_q, s_q], natural log
+
+  const PartRange* part_ranges;  // [num_parts]
+  const int32_t* split_prefix;   // [b + 1]
+  const int32_t* partial_prefix; // [b + 1]
+  float* partial_out;            // [partial_slots, h_kv, rows, d_v]
+  float* partial_lse;            // [partial_slots, h_kv, rows], log2 domain, -inf = empty
+
+  int64_t q_stride_b, q_stride_s, q_stride_h;
+  int64_t kv_stride_block, kv_stride_page, kv_stride_h;
+  int64_t block_table_stride_b;
+  int64_t out_stride_b, out_stride_s, out_stride_h;
+  int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+
+  int64_t b;
+  int s_q;
+  int h_q;
+  int h_kv;
+  int heads_per_kv;   // h_q / h_kv
+  int rows;           // s_q * heads_per_kv: query rows per kv head
+  int page_size;
+  int64_t num_blocks;
+  int max_blocks_per_seq;
+  int block_n;        // scheduling block, in keys
+  int num_parts;
+  float scale_log2;   // softmax_scale * log2(e)
+  bool causal;        // already false when s_q == 1
+};
+
+// Row r of kv head hk holds query token r / heads_per_kv of head hk * heads_per_kv +
+// r % heads_per_kv (the FlashMLA packing: consecutive rows share a query token).
+}  // namespace mlakit::detail

@@ -1,0 +1,28 @@
+// Launchers of the portable (sm80+) decode kernels: the planner, the split-KV attention
+// and the combine. One explicit instantiation per dtype lives in its own .cu file.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/decode_schedule.h"
+#include "kernels/mla_decode_params.h"
+
+namespace mlakit::detail {
+
+// Device planner: one CTA evaluates common/decode_schedule.h for every sequence and part.
+cudaError_t launch_decode_plan(const int32_t* seqlens, int64_t b, const ScheduleConfig& config,
+                               int64_t* cost_prefix, int32_t* split_prefix,
+                               int32_t* partial_prefix, PartRange* parts, cudaStream_t stream);
+
+// Grid (row_tiles, h_kv, num_parts). Elem: __nv_bfloat16 or __half.
+template <typename Elem>
+cudaError_t launch_mla_decode_portable(const MlaDecodeParams& params, int row_tiles,
+                                       cudaStream_t stream);
+
+// Merges the partial results of split sequences and writes empty sequences (0, +inf).
+template <typename Elem>
+cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream);
+
+}  // namespace mlakit::detail

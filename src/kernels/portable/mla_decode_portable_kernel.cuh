@@ -1,0 +1,376 @@
+// Portable split-KV dense MLA decode kernel (any CUDA GPU of sm80 or newer).
+//
+// The correctness path and second reference for the Hopper kernel; it must be right on every
+// input, and reasonably fast through tensor-core mma.sync.
+//
+// Grid: (row tiles, h_kv, num_parts). A CTA owns kRows query rows of one kv head and walks
+// the (sequence, key block) range its part was given by the planner; each sequence piece
+// ("segment") is an independent attention over a key range whose result is written either
+// straight to `out`/`lse` (the sequence has one split) or to the partial buffers that the
+// combine kernel merges.
+//
+// Warps: 8, no specialisation. Per key tile of kKeys keys:
+//   1. threads 0..kKeys-1 translate key positions to cache offsets through the block table
+//      (unused or invalid slots are never dereferenced: their rows are zero-filled);
+//   2. all threads copy the key rows into shared memory (cp.async, 16 B);
+//   3. S = Q K^T: warp w computes the 16x8 tile (rows 16*(w/4), keys 8*(w%4)) over d_qk;
+//   4. online softmax on S in shared memory, 8 threads per row, P stored as Elem;
+//   5. O = O*alpha + P V: warp w owns rows 16*(w/4) and value columns 128*(w%4).. in
+//      registers (64 floats per thread).
+// Shared memory: Q [kRows][kDqk+pad], K [kKeys][kDqk+pad], S, P and per-row statistics
+// (~83 KB: two CTAs per SM on sm90).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/decode_schedule.h"
+#include "device/cp_async.cuh"
+#include "device/mma_sm80.cuh"
+#include "device/numeric.cuh"
+#include "kernels/mla_decode_params.h"
+
+namespace mlakit::detail::portable {
+
+struct DecodeConfig {
+  static constexpr int kDqk = 576;
+  static constexpr int kDv = 512;
+  static constexpr int kRows = 32;   // query rows per CTA
+  static constexpr int kKeys = 32;   // keys per shared-memory tile
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = kWarps * 32;
+  // Row pitch of Q/K tiles: +8 elements moves consecutive rows 4 banks apart, so the
+  // fragment loads of a warp (8 rows x 4 columns) hit 32 distinct banks.
+  static constexpr int kQkPitch = kDqk + 8;
+  static constexpr int kSPitch = kKeys + 4;   // floats
+  static constexpr int kPPitch = kKeys + 8;   // elements
+  static constexpr int kChunk = 8;            // elements per 16-byte copy
+  static constexpr int kChunksPerRow = kDqk / kChunk;
+  static constexpr int kSoftmaxThreadsPerRow = kThreads / kRows;
+  static constexpr int kColsPerSoftmaxThread = kKeys / kSoftmaxThreadsPerRow;
+  static constexpr int kValueColsPerWarp = kDv / 4;        // 4 warps share a row block
+  static constexpr int kValueTilesPerWarp = kValueColsPerWarp / 8;
+
+  static_assert(kRows == 32 && kKeys == 32, "warp-to-tile maps below assume 32 x 32");
+  static_assert(kWarps == 2 * (kKeys / 8), "one S tile of 16 x 8 per warp");
+  static_assert(kDqk % 16 == 0 && kDv % 16 == 0, "k16 steps");
+  static_assert(kSoftmaxThreadsPerRow == 8 && kColsPerSoftmaxThread == 4, "softmax layout");
+};
+
+template <typename Elem>
+struct DecodeSmem {
+  using C = DecodeConfig;
+  alignas(16) Elem q[C::kRows][C::kQkPitch];
+  alignas(16) Elem k[C::kKeys][C::kQkPitch];
+  alignas(16) float s[C::kRows][C::kSPitch];
+  alignas(16) Elem p[C::kRows][C::kPPitch];
+  float alpha[C::kRows];     // rescale of O for the current tile
+  float inv_l[C::kRows];     // 1 / row sum at the end of a segment (0 for an empty row)
+  float lse2[C::kRows];      // log2-domain LSE at the end of a segment (-inf: empty)
+  int row_limit[C::kRows];   // exclusive bound of visible key positions per row
+  int64_t key_offset[C::kKeys];  // element offset of each key's cache row; -1: zero row
+  int bad;                   // a block-table entry was out of range in this segment
+};
+
+// The token (t) and query head of row r of kv head hk.
+struct RowCoord {
+  int t;
+  int head;
+};
+__device__ __forceinline__ RowCoord row_coord(const MlaDecodeParams& p, int hk, int r) {
+  return RowCoord{r / p.heads_per_kv, hk * p.heads_per_kv + r % p.heads_per_kv};
+}
+
+// Keys visible to query token t of a sequence of length L (SPEC 1: with causal, token t sees
+// positions [0, L - s_q + t]).
+__device__ __forceinline__ int visible_keys(const MlaDecodeParams& p, int L, int t) {
+  if (!p.causal) return L;
+  int limit = L - p.s_q + t + 1;
+  return limit < 0 ? 0 : (limit > L ? L : limit);
+}
+
+template <typename Elem>
+class DecodeCta {
+  using C = DecodeConfig;
+  using Ops = device::ElemOps<Elem>;
+
+ public:
+  __device__ DecodeCta(const MlaDecodeParams& p, DecodeSmem<Elem>& sm)
+      : p_(p), sm_(sm), tid_(threadIdx.x), warp_(threadIdx.x / 32), lane_(threadIdx.x % 32),
+        tile_(blockIdx.x), hk_(blockIdx.y) {}
+
+  // Attention of this CTA's rows over keys [key_begin, key_end) of sequence `seq`.
+  __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split) {
+    load_q_and_limits(seq, L);
+    reset_state();
+    const int last_row = min(p_.rows, (tile_ + 1) * C::kRows) - 1;
+    const int tiles_end = min(key_end, visible_keys(p_, L, row_coord(p_, hk_, last_row).t));
+    for (int k0 = key_begin; k0 < tiles_end; k0 += C::kKeys) {
+      load_keys(seq, k0, key_end);
+      compute_scores();
+      __syncthreads();
+      softmax_tile(k0, key_end);
+      __syncthreads();
+      accumulate_values();
+      __syncthreads();
+    }
+    finish_rows();
+    __syncthreads();
+    const int splits = p_.split_prefix[seq + 1] - p_.split_prefix[seq];
+    if (splits == 1) {
+      store_final(seq);
+    } else {
+      store_partial(p_.partial_prefix[seq] + split);
+    }
+    __syncthreads();
+  }
+
+ private:
+  __device__ void load_q_and_limits(int seq, int L) {
+    const Elem* q = static_cast<const Elem*>(p_.q);
+    for (int c = tid_; c < C::kRows * C::kChunksPerRow; c += C::kThreads) {
+      int r = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
+      int row = tile_ * C::kRows + r;
+      Elem* dst = &sm_.q[r][chunk * C::kChunk];
+      if (row < p_.rows) {
+        RowCoord rc = row_coord(p_, hk_, row);
+        device::cp_async_16(dst, q + seq * p_.q_stride_b + rc.t * p_.q_stride_s +
+                                     rc.head * p_.q_stride_h + chunk * C::kChunk);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    if (tid_ < C::kRows) {
+      int row = min(tile_ * C::kRows + tid_, p_.rows - 1);
+      sm_.row_limit[tid_] = visible_keys(p_, L, row_coord(p_, hk_, row).t);
+    }
+    if (tid_ == 0) sm_.bad = 0;
+    device::cp_async_wait_all();
+    __syncthreads();
+  }
+
+  __device__ void reset_state() {
+    for (int j = 0; j < C::kValueTilesPerWarp; ++j) {
+      for (int e = 0; e < 4; ++e) acc_[j].d[e] = 0.f;
+    }
+    row_max_ = -INFINITY;
+    row_sum_ = 0.f;
+  }
+
+  __device__ void load_keys(int seq, int k0, int key_end) {
+    if (tid_ < C::kKeys) {
+      int pos = k0 + tid_;
+      int64_t offset = -1;
+      if (pos < key_end) {
+        int logical = pos / p_.page_size;
+        int32_t block = logical < p_.max_blocks_per_seq
+                            ? p_.block_table[seq * p_.block_table_stride_b + logical]
+                            : -1;
+        if (block < 0 || block >= p_.num_blocks) {
+          sm_.bad = 1;  // reported as NaN rows, never dereferenced
+        } else {
+          offset = block * p_.kv_stride_block + (pos % p_.page_size) * p_.kv_stride_page +
+                   hk_ * p_.kv_stride_h;
+        }
+      }
+      sm_.key_offset[tid_] = offset;
+    }
+    __syncthreads();
+    const Elem* kv = static_cast<const Elem*>(p_.kv);
+    for (int c = tid_; c < C::kKeys * C::kChunksPerRow; c += C::kThreads) {
+      int key = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
+      Elem* dst = &sm_.k[key][chunk * C::kChunk];
+      int64_t offset = sm_.key_offset[key];
+      if (offset >= 0) {
+        device::cp_async_16(dst, kv + offset + chunk * C::kChunk);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    device::cp_async_wait_all();
+    __syncthreads();
+  }
+
+  __device__ uint32_t smem_pair(const Elem* ptr) const {
+    return *reinterpret_cast<const uint32_t*>(ptr);
+  }
+
+  // S tile of this warp: rows 16*(warp/4).., keys 8*(warp%4)..
+  __device__ void compute_scores() {
+    const int g = lane_ / 4, c = lane_ % 4;
+    const int m0 = 16 * (warp_ / 4), n0 = 8 * (warp_ % 4);
+    device::MmaFragC s{{0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 4
+    for (int k = 0; k < C::kDqk; k += 16) {
+      uint32_t a[4] = {smem_pair(&sm_.q[m0 + g][k + 2 * c]), smem_pair(&sm_.q[m0 + g + 8][k + 2 * c]),
+                       smem_pair(&sm_.q[m0 + g][k + 2 * c + 8]),
+                       smem_pair(&sm_.q[m0 + g + 8][k + 2 * c + 8])};
+      uint32_t b[2] = {smem_pair(&sm_.k[n0 + g][k + 2 * c]), smem_pair(&sm_.k[n0 + g][k + 2 * c + 8])};
+      device::mma_m16n8k16(a, b, s, Elem{});
+    }
+    sm_.s[m0 + g][n0 + 2 * c] = s.d[0];
+    sm_.s[m0 + g][n0 + 2 * c + 1] = s.d[1];
+    sm_.s[m0 + g + 8][n0 + 2 * c] = s.d[2];
+    sm_.s[m0 + g + 8][n0 + 2 * c + 1] = s.d[3];
+  }
+
+  // Online softmax in the log2 domain; 8 consecutive threads share a row.
+  __device__ void softmax_tile(int k0, int key_end) {
+    const int r = tid_ / C::kSoftmaxThreadsPerRow;
+    const int col0 = (tid_ % C::kSoftmaxThreadsPerRow) * C::kColsPerSoftmaxThread;
+    const int limit = min(sm_.row_limit[r], key_end);
+    float v[C::kColsPerSoftmaxThread];
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < C::kColsPerSoftmaxThread; ++j) {
+      int pos = k0 + col0 + j;
+      v[j] = pos < limit ? sm_.s[r][col0 + j] * p_.scale_log2 : -INFINITY;
+      tile_max = fmaxf(tile_max, v[j]);
+    }
+#pragma unroll
+    for (int x = 1; x < C::kSoftmaxThreadsPerRow; x *= 2) {
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, x));
+    }
+    const float new_max = fmaxf(row_max_, tile_max);
+    // A row with no visible key so far keeps max -inf: its P is 0 and O stays 0.
+    const float alpha = new_max == -INFINITY ? 1.f : exp2f(row_max_ - new_max);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < C::kColsPerSoftmaxThread; ++j) {
+      float e = new_max == -INFINITY ? 0.f : exp2f(v[j] - new_max);
+      sum += e;
+      sm_.p[r][col0 + j] = Ops::from_float(e);
+    }
+#pragma unroll
+    for (int x = 1; x < C::kSoftmaxThreadsPerRow; x *= 2) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, x);
+    }
+    row_sum_ = row_sum_ * alpha + sum;
+    row_max_ = new_max;
+    if (tid_ % C::kSoftmaxThreadsPerRow == 0) sm_.alpha[r] = alpha;
+  }
+
+  // O (rows 16*(warp/4).., value columns 128*(warp%4)..) = O * alpha + P V.
+  __device__ void accumulate_values() {
+    const int g = lane_ / 4, c = lane_ % 4;
+    const int m0 = 16 * (warp_ / 4), d0 = C::kValueColsPerWarp * (warp_ % 4);
+    const float alpha_lo = sm_.alpha[m0 + g], alpha_hi = sm_.alpha[m0 + g + 8];
+#pragma unroll
+    for (int j = 0; j < C::kValueTilesPerWarp; ++j) {
+      acc_[j].d[0] *= alpha_lo;
+      acc_[j].d[1] *= alpha_lo;
+      acc_[j].d[2] *= alpha_hi;
+      acc_[j].d[3] *= alpha_hi;
+    }
+#pragma unroll
+    for (int k = 0; k < C::kKeys; k += 16) {
+      uint32_t a[4] = {smem_pair(&sm_.p[m0 + g][k + 2 * c]), smem_pair(&sm_.p[m0 + g + 8][k + 2 * c]),
+                       smem_pair(&sm_.p[m0 + g][k + 2 * c + 8]),
+                       smem_pair(&sm_.p[m0 + g + 8][k + 2 * c + 8])};
+#pragma unroll
+      for (int j = 0; j < C::kValueTilesPerWarp; ++j) {
+        const int n = d0 + 8 * j + g;
+        uint32_t b[2] = {Ops::pack_raw(sm_.k[k + 2 * c][n], sm_.k[k + 2 * c + 1][n]),
+                         Ops::pack_raw(sm_.k[k + 2 * c + 8][n], sm_.k[k + 2 * c + 9][n])};
+        device::mma_m16n8k16(a, b, acc_[j], Elem{});
+      }
+    }
+  }
+
+  __device__ void finish_rows() {
+    if (tid_ % C::kSoftmaxThreadsPerRow == 0) {
+      const int r = tid_ / C::kSoftmaxThreadsPerRow;
+      const bool empty = row_sum_ == 0.f;
+      sm_.inv_l[r] = empty ? 0.f : 1.f / row_sum_;
+      sm_.lse2[r] = empty ? -INFINITY : row_max_ + log2f(row_sum_);
+    }
+  }
+
+  // One split: normalised output in q's dtype, natural-log LSE (+inf for an empty row).
+  __device__ void store_final(int seq) {
+    const bool bad = sm_.bad != 0;
+    Elem* out = static_cast<Elem*>(p_.out);
+    for_each_value([&](int row, int d, float v0, float v1) {
+      RowCoord rc = row_coord(p_, hk_, row);
+      if (bad) v0 = v1 = NAN;
+      *reinterpret_cast<uint32_t*>(out + seq * p_.out_stride_b + rc.t * p_.out_stride_s +
+                                   rc.head * p_.out_stride_h + d) = Ops::pack(v0, v1);
+    });
+    if (tid_ < C::kRows) {
+      const int row = tile_ * C::kRows + tid_;
+      if (row < p_.rows) {
+        RowCoord rc = row_coord(p_, hk_, row);
+        float lse2 = sm_.lse2[tid_];
+        float lse = bad ? NAN : (lse2 == -INFINITY ? INFINITY : lse2 * device::kLn2);
+        p_.lse[seq * p_.lse_stride_b + rc.head * p_.lse_stride_h + rc.t * p_.lse_stride_s] = lse;
+      }
+    }
+  }
+
+  // Several splits: normalised float output and log2 LSE (-inf: empty) into slot `slot`.
+  __device__ void store_partial(int slot) {
+    const bool bad = sm_.bad != 0;
+    const int64_t base_row = (static_cast<int64_t>(slot) * p_.h_kv + hk_) * p_.rows;
+    for_each_value([&](int row, int d, float v0, float v1) {
+      if (bad) v0 = v1 = NAN;
+      *reinterpret_cast<float2*>(p_.partial_out + (base_row + row) * C::kDv + d) = make_float2(v0, v1);
+    });
+    if (tid_ < C::kRows) {
+      const int row = tile_ * C::kRows + tid_;
+      if (row < p_.rows) p_.partial_lse[base_row + row] = bad ? NAN : sm_.lse2[tid_];
+    }
+  }
+
+  // Calls f(row, d, value d, value d+1) for each normalised output pair this thread holds.
+  template <typename F>
+  __device__ void for_each_value(F&& f) {
+    const int g = lane_ / 4, c = lane_ % 4;
+    const int m0 = 16 * (warp_ / 4), d0 = C::kValueColsPerWarp * (warp_ % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m0 + g + 8 * half;
+      const int row = tile_ * C::kRows + r;
+      if (row >= p_.rows) continue;
+      const float inv_l = sm_.inv_l[r];
+#pragma unroll
+      for (int j = 0; j < C::kValueTilesPerWarp; ++j) {
+        f(row, d0 + 8 * j + 2 * c, acc_[j].d[2 * half] * inv_l, acc_[j].d[2 * half + 1] * inv_l);
+      }
+    }
+  }
+
+  const MlaDecodeParams& p_;
+  DecodeSmem<Elem>& sm_;
+  const int tid_, warp_, lane_, tile_, hk_;
+  device::MmaFragC acc_[C::kValueTilesPerWarp];
+  float row_max_ = -INFINITY;  // log2 domain, owned by the 8 softmax threads of a row
+  float row_sum_ = 0.f;
+};
+
+template <typename Elem>
+__global__ void __launch_bounds__(DecodeConfig::kThreads, 2)
+    mla_decode_portable_kernel(const __grid_constant__ MlaDecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<DecodeSmem<Elem>*>(smem_raw);
+  DecodeCta<Elem> cta(p, sm);
+  const PartRange range = p.part_ranges[blockIdx.z];
+  int block = range.begin_block;
+  int split = range.begin_split;
+  for (int seq = range.begin_seq;
+       seq < range.end_seq || (seq == range.end_seq && block < range.end_block); ++seq) {
+    const int L = max(p.seqlens[seq], 0);
+    const int64_t blocks = key_blocks(L, p.block_n);
+    const int64_t block_end = seq == range.end_seq ? range.end_block : blocks;
+    if (block < block_end) {
+      const int key_begin = block * p.block_n;
+      const int key_end = static_cast<int>(min(block_end * p.block_n, static_cast<int64_t>(L)));
+      cta.run_segment(seq, L, key_begin, key_end, split);
+    }
+    block = 0;
+    split = 0;
+  }
+}
+
+}  // namespace mlakit::detail::portable
