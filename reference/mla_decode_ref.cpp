@@ -72,7 +72,11 @@ void decode_sequence(const MlaDecodeArgs& a, const MlaDecodeProblem& p, double s
       RowResult r = attend_row(a, p, scale, seq, t, head, seqlen);
       const int64_t out_base = seq * a.out.stride[0] + t * a.out.stride[1] + head * a.out.stride[2];
       for (int d = 0; d < p.d_v; ++d) {
-        host::store_half(a.out.data, out_base + d, a.out.dtype, static_cast<float>(r.out[d]));
+        if (a.out.dtype == DType::kFP32) {
+          static_cast<float*>(a.out.data)[out_base + d] = static_cast<float>(r.out[d]);
+        } else {
+          host::store_half(a.out.data, out_base + d, a.out.dtype, static_cast<float>(r.out[d]));
+        }
       }
       lse[seq * a.lse.stride[0] + head * a.lse.stride[1] + t * a.lse.stride[2]] = static_cast<float>(r.lse);
     }
@@ -83,7 +87,8 @@ void decode_sequence(const MlaDecodeArgs& a, const MlaDecodeProblem& p, double s
 
 Status mla_decode(const MlaDecodeArgs& args, int num_threads) {
   MlaDecodeProblem p;
-  MLAKIT_RETURN_IF_ERROR(detail::validate_mla_decode_args("reference::mla_decode", args, &p));
+  MLAKIT_RETURN_IF_ERROR(detail::validate_mla_decode_args("reference::mla_decode", args, &p,
+                                                           /*allow_float_out=*/true));
   const double scale = detail::resolve_softmax_scale(args.softmax_scale, p.d_qk);
   int threads = num_threads > 0 ? num_threads : static_cast<int>(std::thread::hardware_concurrency());
   threads = static_cast<int>(std::clamp<int64_t>(threads, 1, p.b));

@@ -20,7 +20,8 @@ struct AccuracyReport {
 
 // 16-bit outputs (bf16/fp16 patterns): each element within abs 1e-3 or rel 2/128, cosine
 // difference <= 5e-6, +-inf and NaN at exactly the reference's positions.
-AccuracyReport check_half_outputs(const std::vector<uint16_t>& got, const std::vector<uint16_t>& ref,
+// `ref` is the unrounded reference (float32 of the float64 computation).
+AccuracyReport check_half_outputs(const std::vector<uint16_t>& got, const std::vector<float>& ref,
                                   DType dtype, const std::string& name);
 
 // float statistics (LSE, max-logits): abs 1e-6 or rel 8/65536, same inf/NaN positions.

@@ -91,21 +91,22 @@ HostDecodeCase make_decode_case(const DecodeCaseSpec& spec) {
     for (int64_t pos = 0; pos < std::max(spec.seqlens[i], 0); ++pos) {
       int64_t block = c.block_table[i * c.max_blocks_per_seq + pos / spec.page_size];
       uint16_t* dst = &c.kv[(block * spec.page_size + pos % spec.page_size) * row];
-      for (int64_t e = 0; e < row; ++e) dst[e] = to_half(normal(rng), spec.dtype);
+      for (int64_t e = 0; e < row; ++e) dst[e] = to_half(std::clamp(normal(rng) * 0.1f, -1.f, 1.f), spec.dtype);
     }
   }
   c.q.resize(c.b * spec.s_q * spec.h_q * kDqk);
-  for (auto& x : c.q) x = to_half(normal(rng), spec.dtype);
+  for (auto& x : c.q) x = to_half(std::clamp(normal(rng), -1.f, 1.f), spec.dtype);
   return c;
 }
 
 ReferenceResult run_reference(const HostDecodeCase& c, int num_threads) {
   ReferenceResult r;
-  r.out.assign(c.out_elems(), 0);
+  r.out.assign(c.out_elems(), 0.f);
   r.lse.assign(c.lse_elems(), 0.f);
   auto args = c.args(const_cast<uint16_t*>(c.q.data()), const_cast<uint16_t*>(c.kv.data()),
                      const_cast<int32_t*>(c.block_table.data()), const_cast<int32_t*>(c.seqlens.data()),
                      r.out.data(), r.lse.data());
+  args.out.dtype = DType::kFP32;
   Status s = reference::mla_decode(args, num_threads);
   if (!s) throw std::runtime_error(s.to_string());
   return r;

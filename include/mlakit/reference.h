@@ -10,7 +10,8 @@
 
 namespace mlakit::reference {
 
-// Dense MLA decode (SPEC section 1) on host memory. No plan is needed. Rows attend to keys
+// Dense MLA decode (SPEC section 1) on host memory. No plan is needed. `out` is q's dtype,
+// or float32 for the unrounded result (what accuracy checks compare against). Rows attend to keys
 // whose block-table entry is out of [0, num_blocks) or past the table's width give NaN rows,
 // like the GPU kernels (which never dereference such entries). num_threads 0 = hardware
 // concurrency.

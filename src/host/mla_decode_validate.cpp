@@ -36,7 +36,8 @@ float resolve_softmax_scale(float scale, int d_qk) {
   return std::isnan(scale) ? 1.0f / std::sqrt(static_cast<float>(d_qk)) : scale;
 }
 
-Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecodeProblem* problem) {
+Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecodeProblem* problem,
+                                bool allow_float_out) {
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "q", a.q));
   MLAKIT_RETURN_IF_ERROR(check_dtype(op, "q", a.q, {DType::kBF16, DType::kFP16}));
   MLAKIT_RETURN_IF_ERROR(check_rank(op, "q", a.q, 4));
@@ -86,7 +87,11 @@ Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecod
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "cache_seqlens", a.cache_seqlens));
 
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "out", a.out));
-  MLAKIT_RETURN_IF_ERROR(check_same_dtype(op, "out", a.out, "q", a.q.dtype));
+  if (allow_float_out) {
+    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "out", a.out, {a.q.dtype, DType::kFP32}));
+  } else {
+    MLAKIT_RETURN_IF_ERROR(check_same_dtype(op, "out", a.out, "q", a.q.dtype));
+  }
   MLAKIT_RETURN_IF_ERROR(check_rank(op, "out", a.out, 4));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 0, "b", p.b));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 1, "s_q", p.s_q));

@@ -7,8 +7,9 @@
 namespace mlakit::detail {
 
 // dtypes, ranks, shape agreement, contiguity, scale; fills `problem` from the shapes.
+// `allow_float_out`: `out` may also be float32 (the CPU reference's unrounded output).
 Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& args,
-                                MlaDecodeProblem* problem);
+                                MlaDecodeProblem* problem, bool allow_float_out = false);
 
 // Alignment the kernels need, pointer locations, and agreement with the plan.
 Status validate_mla_decode_device_args(const char* op, const MlaDecodeArgs& args,

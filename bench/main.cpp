@@ -1,0 +1,266 @@
+// mlakit-bench: times the dense MLA decode on the PERF.md cases and the device-to-device
+// copy ceiling in the same run; prints a table and appends JSON lines to <out>/<gpu>.jsonl.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/cases.h"
+#include "bench/check.h"
+#include "bench/device_data.h"
+#include "bench/measure.h"
+#include "bench/results_json.h"
+
+namespace mlakit::bench {
+namespace {
+
+constexpr int kDefaultRuns = 20;
+constexpr int kMinRuns = 20;  // PERF.md: median of >= 20 runs
+constexpr int kWarmupRounds = 5;
+
+struct Options {
+  bool quick = false;
+  std::string filter;
+  int runs = kDefaultRuns;
+  std::string out_dir = "bench/results";
+  DType dtype = DType::kBF16;
+};
+
+void print_usage(std::FILE* to) {
+  std::fprintf(
+      to,
+      "usage: mlakit-bench [--quick] [--filter SUBSTRING] [--runs N] [--out DIR]\n"
+      "                    [--dtype bf16|fp16]\n"
+      "  --quick            two cases (b128 h_q128 s_k4096, b32 h_q16 s_k8192); allows --runs < "
+      "%d\n"
+      "  --filter SUBSTRING only the cases whose name contains SUBSTRING\n"
+      "  --runs N           timed runs per case, median reported (default %d, minimum %d)\n"
+      "  --out DIR          results directory (default bench/results); appends to DIR/<gpu>.jsonl\n"
+      "  --dtype bf16|fp16  q and cache element type (default bf16)\n"
+      "Environment: MLAKIT_COMMIT names the commit in the JSON (default \"unknown\").\n",
+      kMinRuns, kDefaultRuns, kMinRuns);
+}
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "mlakit-bench: %s\n", message.c_str());
+  print_usage(stderr);
+  std::exit(2);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  bool runs_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--help" || arg == "-h") {
+      print_usage(stdout);
+      std::exit(0);
+    } else if (arg == "--quick") {
+      o.quick = true;
+    } else if (arg == "--filter") {
+      o.filter = value();
+    } else if (arg == "--runs") {
+      const std::string v = value();
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 1 || n > 100000)
+        usage_error("--runs: expected a positive integer, got '" + v + "'");
+      o.runs = static_cast<int>(n);
+      runs_given = true;
+    } else if (arg == "--out") {
+      o.out_dir = value();
+    } else if (arg == "--dtype") {
+      const std::string v = value();
+      if (v == "bf16")
+        o.dtype = DType::kBF16;
+      else if (v == "fp16")
+        o.dtype = DType::kFP16;
+      else
+        usage_error("--dtype: expected bf16 or fp16, got '" + v + "'");
+    } else {
+      usage_error("unknown argument '" + arg + "'");
+    }
+  }
+  if (runs_given && o.runs < kMinRuns && !o.quick) {
+    usage_error("--runs: expected >= " + std::to_string(kMinRuns) +
+                " (PERF.md) unless --quick, got " + std::to_string(o.runs));
+  }
+  return o;
+}
+
+// What every JSON line of a run repeats: where and at which commit it was measured.
+struct RunInfo {
+  std::string gpu;
+  int sm_clock_mhz = 0;
+  int driver = 0;
+  std::string commit;
+  std::string dtype;
+  int runs = 0;
+};
+
+JsonLine run_fields(const RunInfo& info, JsonLine line) {
+  return line.text("gpu", info.gpu)
+      .integer("sm_clock_mhz", info.sm_clock_mhz)
+      .integer("driver", info.driver)
+      .text("commit", info.commit)
+      .integer("runs", info.runs)
+      .text("date", utc_now_iso8601());
+}
+
+void append_or_fail(const std::string& path, const JsonLine& line) {
+  if (!append_line(path, line.str())) fail("cannot append to " + path);
+}
+
+// "-" for figures a case does not have.
+std::string format(double value, const char* fmt, bool present) {
+  if (!present) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, fmt, value);
+  return buf;
+}
+
+// A decode case's figures relative to the baselines; empty where a case has none.
+struct Ratios {
+  std::optional<double> copy_fraction;  // GB/s over the copy bandwidth (memory-bound cases)
+  std::optional<double> speedup;        // FlashMLA H100 time over this time
+};
+
+Ratios ratios(const BenchCase& bc, const DecodeResult& r, const CopyResult& copy) {
+  Ratios x;
+  if (bc.memory_bound()) x.copy_fraction = r.gbps / copy.gbps;
+  if (bc.flashmla_h100_us) x.speedup = *bc.flashmla_h100_us / r.time_us;
+  return x;
+}
+
+// The JSON fields of one decode case, beyond those every line repeats (run_fields).
+JsonLine decode_json(const BenchCase& bc, const DecodeResult& r, const CopyResult& copy,
+                     const Ratios& x, const std::string& dtype) {
+  JsonLine line;
+  line.text("op", "mla_decode_dense")
+      .text("case", bc.name)
+      .text("dtype", dtype)
+      .integer("b", bc.b)
+      .integer("s_q", bc.s_q)
+      .integer("h_q", bc.h_q)
+      .integer("h_kv", bc.h_kv)
+      .integer("s_k", bc.s_k)
+      .number("mean_s_k", r.mean_s_k)
+      .integer("page", bc.page)
+      .boolean("causal", bc.causal)
+      .boolean("varlen", bc.varlen)
+      .number("time_us", r.time_us)
+      .number("plan_us", r.plan_us)
+      .number("flops", r.flops)
+      .number("bytes", r.bytes)
+      .number("tflops", r.tflops)
+      .number("gbps", r.gbps)
+      .text("kernel", r.kernel)
+      .number("copy_gbps", copy.gbps)
+      .number("copy_fraction", x.copy_fraction)
+      .number("baseline_us", bc.flashmla_h100_us)
+      .text("baseline", "FlashMLA H100 (PERF.md, fixed)")
+      .number("speedup", x.speedup);
+  return line;
+}
+
+int run(const Options& opt) {
+  const std::vector<BenchCase> cases = filter_cases(bench_cases(opt.quick), opt.filter);
+  if (cases.empty()) usage_error("--filter '" + opt.filter + "' matches no case");
+
+  int device_count = 0;
+  const cudaError_t probe = cudaGetDeviceCount(&device_count);
+  if (probe != cudaSuccess || device_count == 0) {
+    std::fprintf(
+        stderr,
+        "mlakit-bench: no usable CUDA GPU (cudaGetDeviceCount: %s); the benchmark needs an "
+        "NVIDIA GPU of compute capability 8.0 or newer and its driver\n",
+        probe != cudaSuccess ? cudaGetErrorString(probe) : "0 devices");
+    return 1;
+  }
+  const int device = 0;
+  BENCH_CUDA(cudaSetDevice(device));
+  cudaDeviceProp props{};
+  BENCH_CUDA(cudaGetDeviceProperties(&props, device));
+  RunInfo info;
+  info.gpu = props.name;
+  int clock_khz = 0;
+  BENCH_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+  info.sm_clock_mhz = clock_khz / 1000;
+  BENCH_CUDA(cudaDriverGetVersion(&info.driver));
+  const char* commit = std::getenv("MLAKIT_COMMIT");
+  info.commit = commit != nullptr && commit[0] != '\0' ? commit : "unknown";
+  info.dtype = dtype_name(opt.dtype);
+  info.runs = opt.runs;
+
+  std::error_code ec;
+  std::filesystem::create_directories(opt.out_dir, ec);
+  if (ec) fail("cannot create --out directory " + opt.out_dir + ": " + ec.message());
+  const std::string results =
+      (std::filesystem::path(opt.out_dir) / (sanitize_file_name(info.gpu) + ".jsonl")).string();
+
+  std::printf("mlakit-bench: %s (%d SMs, sm_%d%d, SM clock %d MHz), driver %d, commit %s\n",
+              info.gpu.c_str(), props.multiProcessorCount, props.major, props.minor,
+              info.sm_clock_mhz, info.driver, info.commit.c_str());
+  std::printf(
+      "dtype %s, %d warm-up + %d timed runs per case (median), %zu MB L2 flush before each\n",
+      info.dtype.c_str(), kWarmupRounds, opt.runs, L2Flusher::kBytes >> 20);
+  std::printf("results -> %s\n", results.c_str());
+
+  cudaStream_t stream = nullptr;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  L2Flusher flusher;
+  const RunSettings settings{.stream = stream,
+                             .flusher = &flusher,
+                             .warmup = kWarmupRounds,
+                             .runs = opt.runs,
+                             .dtype = opt.dtype};
+
+  const CopyResult copy = measure_copy_bandwidth(settings);
+  std::printf("copy bandwidth (device-to-device %zu MB, read + written): %.0f GB/s (%.1f us)\n\n",
+              kCopyBytes >> 20, copy.gbps, copy.time_us);
+  append_or_fail(results, run_fields(info, JsonLine()
+                                               .text("op", "copy_bandwidth")
+                                               .number("bytes", copy.bytes)
+                                               .number("time_us", copy.time_us)
+                                               .number("gbps", copy.gbps)));
+
+  std::printf("%-38s %8s %10s %8s %8s %8s %7s %17s %8s\n", "case", "mean_s_k", "time_us", "plan_us",
+              "TFLOP/s", "GB/s", "%copy", "FlashMLA(H100) us", "speedup");
+  for (const BenchCase& bc : cases) {
+    const DecodeResult r = run_decode_case(bc, settings);
+    const Ratios x = ratios(bc, r, copy);
+    std::printf(
+        "%-38s %8.0f %10.1f %8.1f %8.1f %8.0f %7s %17s %8s\n", bc.name.c_str(), r.mean_s_k,
+        r.time_us, r.plan_us, r.tflops, r.gbps,
+        format(100.0 * x.copy_fraction.value_or(0), "%.1f%%", x.copy_fraction.has_value()).c_str(),
+        format(bc.flashmla_h100_us.value_or(0), "%.0f", x.speedup.has_value()).c_str(),
+        format(x.speedup.value_or(0), "%.3fx", x.speedup.has_value()).c_str());
+    std::fflush(stdout);
+    append_or_fail(results, run_fields(info, decode_json(bc, r, copy, x, info.dtype)));
+  }
+  std::printf(
+      "\ntime_us: mla_decode (attention + combine), paid by every layer; plan_us: "
+      "mla_decode_plan, made once per step and reused by every layer, so timed apart.\n");
+  std::printf(
+      "FlashMLA(H100) us: fixed H100 figures from PERF.md, not measured in this run; speedup = "
+      "FlashMLA time / this time, meaningful only on an H100.\n"
+      "%%copy: GB/s of a memory-bound case as a fraction of this run's copy bandwidth.\n");
+
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}
+
+}  // namespace
+}  // namespace mlakit::bench
+
+int main(int argc, char** argv) {
+  return mlakit::bench::run(mlakit::bench::parse_options(argc, argv));
+}

@@ -1,0 +1,155 @@
+#include "bench/measure.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "bench/check.h"
+#include "bench/timing.h"
+#include "mlakit/mla_decode.h"
+#include "support/decode_case.h"
+
+namespace mlakit::bench {
+namespace {
+
+// Fixed seeds: every run of the benchmark measures the same lengths, tables and data.
+constexpr uint64_t kLengthSeed = 20261122;
+constexpr uint64_t kTableSeed = 7;
+constexpr uint64_t kQuerySeed = 11;
+constexpr uint64_t kCacheSeed = 13;
+
+const char* kernel_name(MlaDecodeKernel kernel) {
+  switch (kernel) {
+    case MlaDecodeKernel::kPortable:
+      return "portable";
+  }
+  return "unknown";
+}
+
+// The case's shape, lengths and block table without q and cache data: those are generated
+// on the device. support::decode_flops/decode_bytes and HostDecodeCase::args read only
+// these fields.
+support::HostDecodeCase describe_case(const BenchCase& bc, DType dtype) {
+  support::HostDecodeCase c;
+  c.spec.seqlens = bc.varlen ? support::varlen_lengths(bc.b, bc.s_k, bc.s_q, kLengthSeed)
+                             : support::fixed_lengths(bc.b, bc.s_k);
+  c.spec.s_q = bc.s_q;
+  c.spec.h_q = bc.h_q;
+  c.spec.h_kv = bc.h_kv;
+  c.spec.page_size = bc.page;
+  c.spec.causal = bc.causal;
+  c.spec.dtype = dtype;
+  c.spec.spare_blocks = 0;
+  c.b = bc.b;
+  c.seqlens = c.spec.seqlens;
+
+  std::vector<int64_t> blocks_of(c.b);
+  for (int64_t i = 0; i < c.b; ++i) {
+    blocks_of[i] = (c.seqlens[i] + bc.page - 1) / bc.page;
+    c.num_blocks += blocks_of[i];
+    c.max_blocks_per_seq = std::max(c.max_blocks_per_seq, blocks_of[i]);
+  }
+  // Physical blocks in shuffled order, as a serving system's allocator leaves them after a
+  // while; a sequential table would flatter the cache reads. Entries past a sequence's last
+  // block are 0, the padding a serving stack typically leaves there.
+  std::vector<int32_t> physical(c.num_blocks);
+  std::iota(physical.begin(), physical.end(), 0);
+  std::shuffle(physical.begin(), physical.end(), std::mt19937_64(kTableSeed));
+  c.block_table.assign(c.b * c.max_blocks_per_seq, 0);
+  int64_t next = 0;
+  for (int64_t i = 0; i < c.b; ++i) {
+    for (int64_t j = 0; j < blocks_of[i]; ++j)
+      c.block_table[i * c.max_blocks_per_seq + j] = physical[next++];
+  }
+  return c;
+}
+
+template <typename T>
+void copy_to_device(const DeviceBuffer& dst, const std::vector<T>& src, cudaStream_t stream) {
+  BENCH_CUDA(cudaMemcpyAsync(dst.get(), src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice,
+                             stream));
+}
+
+}  // namespace
+
+CopyResult measure_copy_bandwidth(const RunSettings& s) {
+  DeviceBuffer src(kCopyBytes), dst(kCopyBytes);
+  // Copying uninitialised memory would be as fast; filling it keeps the data non-zero
+  // like everywhere else in the benchmark.
+  fill_uniform(src.get(), DType::kBF16, kCopyBytes / 2, 1, s.stream);
+  const auto us = time_rounds(
+      s.stream, s.warmup, s.runs, [&] { s.flusher->flush(s.stream); },
+      [&] {
+        BENCH_CUDA(
+            cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyDeviceToDevice, s.stream));
+      });
+  CopyResult r;
+  r.bytes = 2.0 * kCopyBytes;
+  r.time_us = median(us);
+  r.gbps = r.bytes / (r.time_us * 1e-6) / 1e9;
+  return r;
+}
+
+DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
+  const support::HostDecodeCase c = describe_case(bc, s.dtype);
+  const MlaDecodeProblem problem = c.problem();
+  const std::size_t elem = dtype_size(s.dtype);
+  const int64_t q_elems = c.b * bc.s_q * bc.h_q * problem.d_qk;
+  const int64_t kv_elems = c.num_blocks * bc.page * bc.h_kv * problem.d_qk;
+
+  DeviceBuffer q(q_elems * elem), kv(kv_elems * elem);
+  DeviceBuffer table(c.block_table.size() * sizeof(int32_t)),
+      seqlens(c.seqlens.size() * sizeof(int32_t));
+  DeviceBuffer out(c.out_elems() * elem), lse(c.lse_elems() * sizeof(float));
+  fill_uniform(q.get(), s.dtype, q_elems, kQuerySeed, s.stream);
+  fill_uniform(kv.get(), s.dtype, kv_elems, kCacheSeed, s.stream);
+  copy_to_device(table, c.block_table, s.stream);
+  copy_to_device(seqlens, c.seqlens, s.stream);
+  const MlaDecodeArgs args =
+      c.args(q.get(), kv.get(), table.get(), seqlens.get(), out.get(), lse.get());
+
+  std::size_t workspace_bytes = 0;
+  BENCH_STATUS(mla_decode_workspace_size(problem, &workspace_bytes));
+  DeviceBuffer workspace(workspace_bytes);
+
+  // The plan is made once per step and shared by every layer, so it is timed on its own
+  // and excluded from the decode time (PERF.md).
+  MlaDecodePlan plan;
+  const auto flush = [&] { s.flusher->flush(s.stream); };
+  const auto plan_us = time_rounds(s.stream, s.warmup, s.runs, flush, [&] {
+    BENCH_STATUS(mla_decode_plan(problem, args.cache_seqlens, workspace.get(), workspace_bytes,
+                                 s.stream, &plan));
+  });
+  const auto decode_us = time_rounds(s.stream, s.warmup, s.runs, flush,
+                                     [&] { BENCH_STATUS(mla_decode(args, plan, s.stream)); });
+
+  // Cheap sanity check (accuracy is tested elsewhere): every length is >= s_q >= 1, so every
+  // row attends at least one key and its lse is finite.
+  std::vector<float> host_lse(c.lse_elems());
+  BENCH_CUDA(cudaMemcpy(host_lse.data(), lse.get(), host_lse.size() * sizeof(float),
+                        cudaMemcpyDeviceToHost));
+  const auto bad =
+      std::find_if(host_lse.begin(), host_lse.end(), [](float x) { return !std::isfinite(x); });
+  if (bad != host_lse.end()) {
+    const auto count =
+        std::count_if(host_lse.begin(), host_lse.end(), [](float x) { return !std::isfinite(x); });
+    fail(bc.name + ": " + std::to_string(count) + " of " + std::to_string(host_lse.size()) +
+         " lse values are not finite (first at flat index " +
+         std::to_string(bad - host_lse.begin()) + ", value " + std::to_string(*bad) + ")");
+  }
+
+  DecodeResult r;
+  r.mean_s_k = std::accumulate(c.seqlens.begin(), c.seqlens.end(), 0.0) / static_cast<double>(c.b);
+  r.time_us = median(decode_us);
+  r.plan_us = median(plan_us);
+  r.flops = support::decode_flops(c);
+  r.bytes = support::decode_bytes(c);
+  r.tflops = r.flops / (r.time_us * 1e-6) / 1e12;
+  r.gbps = r.bytes / (r.time_us * 1e-6) / 1e9;
+  r.kernel = kernel_name(plan.kernel);
+  return r;
+}
+
+}  // namespace mlakit::bench

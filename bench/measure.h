@@ -1,0 +1,49 @@
+// The two measurements of a benchmark run: the device-to-device copy ceiling and one dense
+// MLA decode case.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "bench/cases.h"
+#include "bench/device_data.h"
+#include "mlakit/tensor.h"
+
+namespace mlakit::bench {
+
+struct RunSettings {
+  cudaStream_t stream = nullptr;
+  L2Flusher* flusher = nullptr;
+  int warmup = 5;  // untimed rounds before the timed ones
+  int runs = 20;   // timed rounds; results are their median
+  DType dtype = DType::kBF16;
+};
+
+struct CopyResult {
+  double bytes = 0;    // read + written per copy
+  double time_us = 0;  // median
+  double gbps = 0;     // bytes / time, decimal GB/s
+};
+
+// cudaMemcpyAsync of kCopyBytes between two device buffers, L2 flushed before each round.
+inline constexpr std::size_t kCopyBytes = std::size_t{1} << 30;
+CopyResult measure_copy_bandwidth(const RunSettings& settings);
+
+struct DecodeResult {
+  double mean_s_k = 0;  // mean of the actual lengths
+  double time_us = 0;   // median of mla_decode (attention + combine)
+  double plan_us = 0;   // median of mla_decode_plan, timed on its own
+  double flops = 0;     // PERF.md counting (support::decode_flops)
+  double bytes = 0;     // PERF.md counting (support::decode_bytes)
+  double tflops = 0;
+  double gbps = 0;
+  std::string kernel;  // the kernel family the plan chose
+};
+
+// Builds the case on the device (random q and cache, shuffled block table), times the plan
+// and the decode, checks that every lse is finite, and frees it all again. Exits with an
+// error message on any failure.
+DecodeResult run_decode_case(const BenchCase& bench_case, const RunSettings& settings);
+
+}  // namespace mlakit::bench

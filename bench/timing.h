@@ -1,0 +1,23 @@
+// Event timing on a CUDA stream, the way PERF.md asks: warm-up first, a preparation step
+// (the L2 flush) before every round outside the timed region, the median of the rounds.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <vector>
+
+namespace mlakit::bench {
+
+// Enqueues `warmup` untimed rounds, then `runs` timed rounds of `op` on `stream`, each
+// preceded by `prepare`; returns each timed round's duration in microseconds.
+// All rounds are enqueued before the host waits once, so no host synchronisation sits
+// between a round's events; the GPU stays busy with the flush while the host enqueues.
+std::vector<double> time_rounds(cudaStream_t stream, int warmup, int runs,
+                                const std::function<void()>& prepare,
+                                const std::function<void()>& op);
+
+// Median of a non-empty sample (mean of the two middle values for an even count).
+double median(std::vector<double> samples);
+
+}  // namespace mlakit::bench

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The one GPU-machine script: build (all cores), SASS resource check, CPU + GPU test suites,
+# the main job, the benchmark; logs and JSON under $OUT; a short summary printed last.
+# Usage (on the GPU machine): bash scripts/gpu_check.sh [--skip-tests] [--skip-bench] [bench args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+export MLAKIT_COMMIT="${MLAKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+run_tests=1
+run_bench=1
+bench_args=()
+for arg in "$@"; do
+  case "$arg" in
+    --skip-tests) run_tests=0 ;;
+    --skip-bench) run_bench=0 ;;
+    *) bench_args+=("$arg") ;;
+  esac
+done
+build=build-gpu
+summary="$OUT/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+start=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader >"$OUT/gpu.txt" 2>&1
+note "gpu: $(head -1 "$OUT/gpu.txt")  commit: $MLAKIT_COMMIT"
+
+if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKIT_ENABLE_CUDA=ON &&
+       cmake --build "$build" -j "$(nproc)"; } >"$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"
+  note "build: FAILED (see build.log)"
+  exit 1
+fi
+note "build: ok ($(( $(date +%s) - start )) s)"
+
+# SASS: the matrix instructions present, and no local-memory traffic in the kernels.
+cuobjdump --dump-sass "$build/libmlakit.so" >"$OUT/sass.txt" 2>&1
+{
+  echo "sass: HMMA $(grep -c HMMA "$OUT/sass.txt") HGMMA $(grep -c HGMMA "$OUT/sass.txt")" \
+       "LDL $(grep -c 'LDL' "$OUT/sass.txt") STL $(grep -c 'STL' "$OUT/sass.txt")"
+} | tee -a "$summary"
+gzip -f "$OUT/sass.txt"
+
+if [ "$run_tests" = 1 ]; then
+  "$build/tests/mlakit_cpu_tests" --gtest_brief=1 >"$OUT/cpu_tests.log" 2>&1
+  note "cpu tests: rc=$? $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/cpu_tests.log" | head -3 | tr '\n' ' ')"
+  "$build/tests/mlakit_gpu_tests" --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
+  note "gpu tests: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|SKIPPED' "$OUT/gpu_tests.log" | head -12 | tr '\n' ' ')"
+  "$build/apps/mlakit-run" >"$OUT/main_job.log" 2>&1
+  note "main job: rc=$?"; tail -6 "$OUT/main_job.log" | tee -a "$summary"
+fi
+
+if [ "$run_bench" = 1 ]; then
+  "$build/bench/mlakit-bench" --out bench/results "${bench_args[@]}" >"$OUT/bench.log" 2>&1
+  note "bench: rc=$?"
+  cp bench/results/*.jsonl "$OUT/" 2>/dev/null
+  tail -25 "$OUT/bench.log" | tee -a "$summary"
+fi
+note "total: $(( $(date +%s) - start )) s"
