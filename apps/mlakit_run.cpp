@@ -146,10 +146,14 @@ int run_gpu(const Options& o) {
   const auto gpu_out = out.download<uint16_t>();
   const auto gpu_lse = lse.download<float>();
 
-  support::GpuTimer timer;
-  const double decode_us = timer.median_us([&] { (void)mla_decode(args, plan, nullptr); }, 20);
-  const double plan_us = timer.median_us(
-      [&] { (void)mla_decode_plan(c.problem(), args.cache_seqlens, workspace.get(), ws_bytes, nullptr, &plan); }, 20);
+  // PERF.md timing: L2 flushed before every round, median of 20 after 3 warm-ups.
+  support::L2Flusher flusher;
+  const auto flush = [&] { flusher.flush(nullptr); };
+  const double decode_us = support::median(
+      support::time_rounds(nullptr, 3, 20, flush, [&] { (void)mla_decode(args, plan, nullptr); }));
+  const double plan_us = support::median(support::time_rounds(nullptr, 3, 20, flush, [&] {
+    (void)mla_decode_plan(c.problem(), args.cache_seqlens, workspace.get(), ws_bytes, nullptr, &plan);
+  }));
 
   std::printf("checking against the CPU reference...\n");
   const support::ReferenceResult ref = support::run_reference(c);
@@ -171,6 +175,10 @@ int run_gpu(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
+  if (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    usage();
+    return 0;
+  }
   if (!parse(argc, argv, &o)) {
     usage();
     return 2;

@@ -53,19 +53,6 @@ uint64_t seed_key(uint64_t seed) {
 
 }  // namespace
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-  if (bytes == 0) return;
-  const cudaError_t err = cudaMalloc(&ptr_, bytes);
-  if (err != cudaSuccess) {
-    fail("cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(err));
-  }
-}
-
-DeviceBuffer::~DeviceBuffer() {
-  // A failed free means an earlier asynchronous error; report it rather than hide it.
-  if (ptr_ != nullptr) BENCH_CUDA(cudaFree(ptr_));
-}
-
 void fill_uniform(void* dst, DType dtype, int64_t count, uint64_t seed, cudaStream_t stream) {
   if (count <= 0) return;
   const int64_t blocks = std::min(kMaxFillBlocks, (count + kFillThreads - 1) / kFillThreads);
@@ -83,11 +70,6 @@ void fill_uniform(void* dst, DType dtype, int64_t count, uint64_t seed, cudaStre
       fail(std::string("fill_uniform: expected bf16 or fp16, got ") + dtype_name(dtype));
   }
   BENCH_CUDA(cudaGetLastError());
-}
-
-void L2Flusher::flush(cudaStream_t stream) {
-  // A different byte each round, so no layer of the memory system can skip the writes.
-  BENCH_CUDA(cudaMemsetAsync(buffer_.get(), round_++ & 0xff, buffer_.bytes(), stream));
 }
 
 }  // namespace mlakit::bench

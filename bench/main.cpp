@@ -211,12 +211,12 @@ int run(const Options& opt) {
               info.sm_clock_mhz, info.driver, info.commit.c_str());
   std::printf(
       "dtype %s, %d warm-up + %d timed runs per case (median), %zu MB L2 flush before each\n",
-      info.dtype.c_str(), kWarmupRounds, opt.runs, L2Flusher::kBytes >> 20);
+      info.dtype.c_str(), kWarmupRounds, opt.runs, support::L2Flusher::kBytes >> 20);
   std::printf("results -> %s\n", results.c_str());
 
   cudaStream_t stream = nullptr;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  L2Flusher flusher;
+  support::L2Flusher flusher;
   const RunSettings settings{.stream = stream,
                              .flusher = &flusher,
                              .warmup = kWarmupRounds,
@@ -262,5 +262,9 @@ int run(const Options& opt) {
 }  // namespace mlakit::bench
 
 int main(int argc, char** argv) {
-  return mlakit::bench::run(mlakit::bench::parse_options(argc, argv));
+  try {
+    return mlakit::bench::run(mlakit::bench::parse_options(argc, argv));
+  } catch (const std::exception& e) {  // CUDA failures inside the shared support code
+    mlakit::bench::fail(e.what());
+  }
 }

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "bench/check.h"
-#include "bench/timing.h"
+#include "support/gpu_timing.h"
 #include "mlakit/mla_decode.h"
 #include "support/decode_case.h"
 
@@ -79,7 +79,7 @@ CopyResult measure_copy_bandwidth(const RunSettings& s) {
   // Copying uninitialised memory would be as fast; filling it keeps the data non-zero
   // like everywhere else in the benchmark.
   fill_uniform(src.get(), DType::kBF16, kCopyBytes / 2, 1, s.stream);
-  const auto us = time_rounds(
+  const auto us = support::time_rounds(
       s.stream, s.warmup, s.runs, [&] { s.flusher->flush(s.stream); },
       [&] {
         BENCH_CUDA(
@@ -87,7 +87,7 @@ CopyResult measure_copy_bandwidth(const RunSettings& s) {
       });
   CopyResult r;
   r.bytes = 2.0 * kCopyBytes;
-  r.time_us = median(us);
+  r.time_us = support::median(us);
   r.gbps = r.bytes / (r.time_us * 1e-6) / 1e9;
   return r;
 }
@@ -118,11 +118,11 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
   // and excluded from the decode time (PERF.md).
   MlaDecodePlan plan;
   const auto flush = [&] { s.flusher->flush(s.stream); };
-  const auto plan_us = time_rounds(s.stream, s.warmup, s.runs, flush, [&] {
+  const auto plan_us = support::time_rounds(s.stream, s.warmup, s.runs, flush, [&] {
     BENCH_STATUS(mla_decode_plan(problem, args.cache_seqlens, workspace.get(), workspace_bytes,
                                  s.stream, &plan));
   });
-  const auto decode_us = time_rounds(s.stream, s.warmup, s.runs, flush,
+  const auto decode_us = support::time_rounds(s.stream, s.warmup, s.runs, flush,
                                      [&] { BENCH_STATUS(mla_decode(args, plan, s.stream)); });
 
   // Cheap sanity check (accuracy is tested elsewhere): every length is >= s_q >= 1, so every
@@ -142,8 +142,8 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
 
   DecodeResult r;
   r.mean_s_k = std::accumulate(c.seqlens.begin(), c.seqlens.end(), 0.0) / static_cast<double>(c.b);
-  r.time_us = median(decode_us);
-  r.plan_us = median(plan_us);
+  r.time_us = support::median(decode_us);
+  r.plan_us = support::median(plan_us);
   r.flops = support::decode_flops(c);
   r.bytes = support::decode_bytes(c);
   r.tflops = r.flops / (r.time_us * 1e-6) / 1e12;

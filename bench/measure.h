@@ -8,13 +8,14 @@
 
 #include "bench/cases.h"
 #include "bench/device_data.h"
+#include "support/gpu_timing.h"
 #include "mlakit/tensor.h"
 
 namespace mlakit::bench {
 
 struct RunSettings {
   cudaStream_t stream = nullptr;
-  L2Flusher* flusher = nullptr;
+  support::L2Flusher* flusher = nullptr;
   int warmup = 5;  // untimed rounds before the timed ones
   int runs = 20;   // timed rounds; results are their median
   DType dtype = DType::kBF16;

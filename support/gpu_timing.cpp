@@ -1,48 +1,63 @@
 #include "support/gpu_timing.h"
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 namespace mlakit::support {
 namespace {
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+void check_cuda(cudaError_t err, const char* call) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(call) + ": " + cudaGetErrorString(err));
 }
+#define TIMING_CUDA(call) check_cuda((call), #call)
 
 }  // namespace
 
-GpuTimer::GpuTimer() : flush_(kFlushBytes) {
-  check(cudaEventCreate(reinterpret_cast<cudaEvent_t*>(&start_)), "cudaEventCreate");
-  check(cudaEventCreate(reinterpret_cast<cudaEvent_t*>(&stop_)), "cudaEventCreate");
+void L2Flusher::flush(cudaStream_t stream) {
+  // A different byte each round, so no layer of the memory system can skip the writes.
+  TIMING_CUDA(cudaMemsetAsync(buffer_.get(), round_++ & 0xff, buffer_.bytes(), stream));
 }
 
-GpuTimer::~GpuTimer() {
-  cudaEventDestroy(static_cast<cudaEvent_t>(start_));
-  cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
-}
-
-double GpuTimer::median_us(const std::function<void()>& op, int runs, int warmup) {
-  for (int i = 0; i < warmup; ++i) op();
-  check(cudaDeviceSynchronize(), "warm-up");
-  std::vector<double> times;
-  for (int i = 0; i < runs; ++i) {
-    check(cudaMemsetAsync(flush_.get(), i & 0xff, flush_.bytes()), "L2 flush");
-    check(cudaEventRecord(static_cast<cudaEvent_t>(start_)), "cudaEventRecord");
+std::vector<double> time_rounds(cudaStream_t stream, int warmup, int runs,
+                                const std::function<void()>& prepare,
+                                const std::function<void()>& op) {
+  for (int i = 0; i < warmup; ++i) {
+    prepare();
     op();
-    check(cudaEventRecord(static_cast<cudaEvent_t>(stop_)), "cudaEventRecord");
-    check(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)), "timed run");
-    float ms = 0.f;
-    check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)),
-          "cudaEventElapsedTime");
-    times.push_back(ms * 1000.0);
   }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  std::vector<cudaEvent_t> start(runs), stop(runs);
+  for (int i = 0; i < runs; ++i) {
+    TIMING_CUDA(cudaEventCreate(&start[i]));
+    TIMING_CUDA(cudaEventCreate(&stop[i]));
+  }
+  for (int i = 0; i < runs; ++i) {
+    prepare();
+    TIMING_CUDA(cudaEventRecord(start[i], stream));
+    op();
+    TIMING_CUDA(cudaEventRecord(stop[i], stream));
+  }
+  TIMING_CUDA(cudaStreamSynchronize(stream));
+  TIMING_CUDA(cudaGetLastError());  // a kernel fault surfaces here, not in the launches
+  std::vector<double> us(runs);
+  for (int i = 0; i < runs; ++i) {
+    float ms = 0.f;
+    TIMING_CUDA(cudaEventElapsedTime(&ms, start[i], stop[i]));
+    us[i] = 1000.0 * ms;
+    TIMING_CUDA(cudaEventDestroy(start[i]));
+    TIMING_CUDA(cudaEventDestroy(stop[i]));
+  }
+  return us;
+}
+
+double median(std::vector<double> samples) {
+  if (samples.empty()) throw std::runtime_error("median of an empty sample");
+  const std::size_t mid = samples.size() / 2;
+  std::nth_element(samples.begin(), samples.begin() + mid, samples.end());
+  const double upper = samples[mid];
+  if (samples.size() % 2 == 1) return upper;
+  const double lower = *std::max_element(samples.begin(), samples.begin() + mid);
+  return 0.5 * (lower + upper);
 }
 
 }  // namespace mlakit::support

@@ -1,28 +1,40 @@
-// Timing per PERF.md: CUDA events around the operation, L2 flushed before every run by
-// writing a 256 MB buffer outside the timed region, warm-up first, median of the runs.
+// Event timing on a CUDA stream (benchmark and main job), the way PERF.md asks: warm-up first, a preparation step
+// (the L2 flush) before every round outside the timed region, the median of the rounds.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
 #include <functional>
+#include <vector>
 
 #include "support/device_array.h"
 
 namespace mlakit::support {
 
-class GpuTimer {
+// Evicts the caches by writing a buffer several times the size of the L2 (50 MB on H100,
+// 60 MB on H200) before a timed round.
+class L2Flusher {
  public:
-  static constexpr std::size_t kFlushBytes = std::size_t{256} << 20;
-  GpuTimer();
-  ~GpuTimer();
-  GpuTimer(const GpuTimer&) = delete;
-  GpuTimer& operator=(const GpuTimer&) = delete;
+  static constexpr std::size_t kBytes = std::size_t{256} << 20;  // PERF.md: >= 256 MB
 
-  // Median over `runs` timed calls of `op` (enqueued on the default stream), in microseconds.
-  double median_us(const std::function<void()>& op, int runs, int warmup = 3);
+  L2Flusher() : buffer_(kBytes) {}
+  void flush(cudaStream_t stream);
 
  private:
-  DeviceArray flush_;
-  void* start_ = nullptr;  // cudaEvent_t
-  void* stop_ = nullptr;
+  DeviceArray buffer_;
+  int round_ = 0;
 };
+
+// Enqueues `warmup` untimed rounds, then `runs` timed rounds of `op` on `stream`, each
+// preceded by `prepare`; returns each timed round's duration in microseconds.
+// All rounds are enqueued before the host waits once, so no host synchronisation sits
+// between a round's events; the GPU stays busy with the flush while the host enqueues.
+std::vector<double> time_rounds(cudaStream_t stream, int warmup, int runs,
+                                const std::function<void()>& prepare,
+                                const std::function<void()>& op);
+
+// Median of a non-empty sample (mean of the two middle values for an even count).
+double median(std::vector<double> samples);
 
 }  // namespace mlakit::support
