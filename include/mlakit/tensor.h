@@ -33,7 +33,7 @@ struct TensorRef {
   int64_t shape[kMaxRank] = {};
   int64_t stride[kMaxRank] = {};  // in elements
 
-  int64_t numel() const;
+  int64_t numel() const;  // product of the sizes (callers validate the extent first)
   bool empty() const { return data == nullptr && rank == 0; }
 };
 

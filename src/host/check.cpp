@@ -38,7 +38,9 @@ Status check_tensor_wellformed(const char* op, const char* name, const TensorRef
                              std::to_string(t.stride[i]));
     }
   }
-  if (t.data == nullptr && t.numel() != 0) {
+  bool has_zero_dim = false;
+  for (int i = 0; i < t.rank; ++i) has_zero_dim |= t.shape[i] == 0;
+  if (t.data == nullptr && !has_zero_dim) {
     return invalid(op, std::string(name) + ": expected a non-null pointer, got null");
   }
   return check_extent_fits(op, name, t);

@@ -10,6 +10,9 @@
 namespace mlakit::detail {
 namespace {
 
+constexpr int kMlaDqk = 576;
+constexpr int kMlaDv = 512;
+
 // The kernels copy q and cache rows in 16-byte pieces.
 constexpr int kRowAlignmentBytes = 16;
 
@@ -59,6 +62,10 @@ Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecod
     return invalid(op, "q or kv_cache: dimension too large: q " + shape_string(a.q) +
                            ", kv_cache " + shape_string(a.kv_cache));
   }
+  if (p.d_qk != kMlaDqk) {
+    return unsupported(op, "q.shape[3] (d_qk): expected " + std::to_string(kMlaDqk) +
+                               " (512 NoPE + 64 RoPE), got " + std::to_string(p.d_qk));
+  }
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "kv_cache", a.kv_cache, 3, "d_qk", p.d_qk));
   const int64_t page_size = a.kv_cache.shape[1];
   if (page_size < 1 || page_size > (int64_t{1} << 30)) {
@@ -97,6 +104,10 @@ Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecod
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 1, "s_q", p.s_q));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 2, "h_q", p.h_q));
   p.d_v = static_cast<int>(a.out.shape[3]);
+  if (p.d_v != kMlaDv || a.out.shape[3] != p.d_v) {
+    return unsupported(op, "out.shape[3] (d_v): expected " + std::to_string(kMlaDv) + ", got " +
+                               std::to_string(a.out.shape[3]));
+  }
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "out", a.out));
 
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "lse", a.lse));

@@ -39,7 +39,7 @@ TensorRef make_tensor(void* data, DType dtype, std::initializer_list<int64_t> sh
   t.data = data;
   t.dtype = dtype;
   if (shape.size() > static_cast<std::size_t>(kMaxRank)) {
-    t.rank = -1;  // reported by validation as a malformed tensor
+    t.rank = static_cast<int>(shape.size());  // validation reports the rank; sizes not stored
     return t;
   }
   t.rank = static_cast<int>(shape.size());
@@ -56,7 +56,8 @@ TensorRef make_tensor(void* data, DType dtype, std::initializer_list<int64_t> sh
 TensorRef make_tensor(void* data, DType dtype, std::initializer_list<int64_t> shape,
                       std::initializer_list<int64_t> stride) {
   TensorRef t = make_tensor(data, dtype, shape);
-  if (t.rank < 0 || stride.size() != shape.size()) {
+  if (t.rank > kMaxRank) return t;
+  if (stride.size() != shape.size()) {
     t.rank = -1;  // reported by validation as a malformed tensor
     return t;
   }
