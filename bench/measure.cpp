@@ -24,6 +24,10 @@ const char* kernel_name(MlaDecodeKernel kernel) {
   switch (kernel) {
     case MlaDecodeKernel::kPortable:
       return "portable";
+    case MlaDecodeKernel::kSm90:
+      return "sm90";
+    case MlaDecodeKernel::kAuto:
+      break;
   }
   return "unknown";
 }

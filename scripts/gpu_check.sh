@@ -45,14 +45,16 @@ gzip -f "$OUT/sass.txt"
 if [ "$run_tests" = 1 ]; then
   "$build/tests/mlakit_cpu_tests" --gtest_brief=1 >"$OUT/cpu_tests.log" 2>&1
   note "cpu tests: rc=$? $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/cpu_tests.log" | head -3 | tr '\n' ' ')"
-  "$build/tests/mlakit_gpu_tests" --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
+  timeout 300 "$build/tests/mlakit_gpu_tests" --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
   note "gpu tests: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|SKIPPED' "$OUT/gpu_tests.log" | head -12 | tr '\n' ' ')"
-  "$build/apps/mlakit-run" >"$OUT/main_job.log" 2>&1
+  grep -E "^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -8 | tee -a "$summary"
+  grep -B1 -A3 "Failure" "$OUT/gpu_tests.log" | grep -E "got|differ|Expected|status" | head -8 | tee -a "$summary"
+  timeout 120 "$build/apps/mlakit-run" >"$OUT/main_job.log" 2>&1
   note "main job: rc=$?"; tail -6 "$OUT/main_job.log" | tee -a "$summary"
 fi
 
 if [ "$run_bench" = 1 ]; then
-  "$build/bench/mlakit-bench" --out bench/results "${bench_args[@]}" >"$OUT/bench.log" 2>&1
+  timeout 240 "$build/bench/mlakit-bench" --out bench/results "${bench_args[@]}" >"$OUT/bench.log" 2>&1
   note "bench: rc=$?"
   cp bench/results/*.jsonl "$OUT/" 2>/dev/null
   tail -25 "$OUT/bench.log" | tee -a "$summary"

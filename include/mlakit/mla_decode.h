@@ -34,7 +34,17 @@ struct MlaDecodeProblem {
 
 // Which kernel family a plan was made for (chosen from the device architecture).
 enum class MlaDecodeKernel : int32_t {
+  kAuto = -1,     // request only: the fastest kernel for the device
   kPortable = 0,  // any CUDA GPU of sm80 or newer
+  kSm90 = 1,      // Hopper (sm90a): TMA + wgmma, warp-specialised
+};
+
+// Optional choices of mla_decode_workspace_size / mla_decode_plan.
+struct MlaDecodeOptions {
+  // kAuto: kSm90 on compute capability 9.0, kPortable elsewhere. kSm90 on another GPU is an
+  // UnsupportedArchitecture error. A kSm90 plan runs the portable kernel for page sizes the
+  // Hopper kernel does not tile (neither a multiple of 64 nor 16 or 32).
+  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
 };
 
 // Result of mla_decode_plan. Plain data: copy it freely, reuse it for every layer of a step.
@@ -71,13 +81,14 @@ struct MlaDecodeArgs {
 
 // Bytes of device workspace mla_decode_plan / mla_decode need for `problem` on the current
 // device. Independent of sequence lengths.
-Status mla_decode_workspace_size(const MlaDecodeProblem& problem, std::size_t* bytes);
+Status mla_decode_workspace_size(const MlaDecodeProblem& problem, std::size_t* bytes,
+                                 const MlaDecodeOptions& options = {});
 
 // Computes the split-KV schedule for `cache_seqlens` ([b] int32 on the device) into
 // `workspace` (256-byte aligned, >= the queried size) on `stream`, and fills `plan`.
 Status mla_decode_plan(const MlaDecodeProblem& problem, const TensorRef& cache_seqlens,
                        void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
-                       MlaDecodePlan* plan);
+                       MlaDecodePlan* plan, const MlaDecodeOptions& options = {});
 
 // Runs the attention for one layer. `args.cache_seqlens` must hold the lengths the plan was
 // made from (not re-checked: that would need a host synchronisation).

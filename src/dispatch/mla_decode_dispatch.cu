@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/portable/launch.h"
+#include "kernels/sm90/launch.h"
 
 namespace mlakit::detail {
 namespace {
@@ -85,19 +86,23 @@ Status dispatch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, fl
       .scale_log2 = softmax_scale * 1.4426950408889634f,
       .causal = a.causal && pr.s_q > 1,
   };
-  const int row_tiles = static_cast<int>((params.rows + plan.rows_per_tile - 1) / plan.rows_per_tile);
-  cudaError_t err = cudaErrorInvalidValue;
-  switch (a.q.dtype) {
-    case DType::kBF16:
-      err = launch_mla_decode_portable<__nv_bfloat16>(params, row_tiles, stream);
-      break;
-    case DType::kFP16:
-      err = launch_mla_decode_portable<__half>(params, row_tiles, stream);
-      break;
-    default:
-      return Status(StatusCode::kUnsupported, "mla_decode: q.dtype: expected bf16 or fp16");
+  if (a.q.dtype != DType::kBF16 && a.q.dtype != DType::kFP16) {
+    return Status(StatusCode::kUnsupported, "mla_decode: q.dtype: expected bf16 or fp16");
   }
-  return cuda_status("mla_decode", err);
+  const bool bf16 = a.q.dtype == DType::kBF16;
+  // The Hopper kernel tiles pages that are multiples of 64, or 16 / 32; the portable kernel
+  // runs any page size with the same plan (the schedule does not depend on the tiling).
+  if (plan.kernel == MlaDecodeKernel::kSm90) {
+    const int box_rows = sm90_box_rows(params.page_size);
+    CUtensorMap kv_map;
+    std::string why;
+    if (box_rows > 0 && make_kv_tensor_map(a.kv_cache, box_rows, &kv_map, &why)) {
+      return cuda_status("mla_decode", bf16 ? launch_mla_decode_sm90<__nv_bfloat16>(params, kv_map, box_rows, stream)
+                                            : launch_mla_decode_sm90<__half>(params, kv_map, box_rows, stream));
+    }
+  }
+  return cuda_status("mla_decode", bf16 ? launch_mla_decode_portable<__nv_bfloat16>(params, stream)
+                                        : launch_mla_decode_portable<__half>(params, stream));
 }
 
 }  // namespace mlakit::detail

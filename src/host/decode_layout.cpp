@@ -16,7 +16,17 @@ std::size_t align_up(std::size_t x) {
 
 }  // namespace
 
-DecodeKernelTraits select_decode_kernel(const DeviceInfo&) {
+DecodeKernelTraits decode_kernel_traits(MlaDecodeKernel kernel) {
+  if (kernel == MlaDecodeKernel::kSm90) {
+    // 64 rows (one wgmma M) per CTA, one 227 KB CTA per SM.
+    return DecodeKernelTraits{
+        .kernel = MlaDecodeKernel::kSm90,
+        .rows_per_tile = 64,
+        .block_n = 64,
+        .overhead_blocks = 5,
+        .ctas_per_sm = 1,
+    };
+  }
   return DecodeKernelTraits{
       .kernel = MlaDecodeKernel::kPortable,
       .rows_per_tile = 32,
@@ -24,6 +34,24 @@ DecodeKernelTraits select_decode_kernel(const DeviceInfo&) {
       .overhead_blocks = 5,
       .ctas_per_sm = 2,
   };
+}
+
+Status select_decode_kernel(const char* op, const DeviceInfo& device, MlaDecodeKernel request,
+                            DecodeKernelTraits* traits) {
+  const bool hopper = device.cc_major == 9 && device.cc_minor == 0;
+  if (request == MlaDecodeKernel::kSm90 && !hopper) {
+    return Status(StatusCode::kUnsupportedArchitecture,
+                  std::string(op) + ": options.kernel: kSm90 expected a compute capability 9.0 device, got " +
+                      std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
+  }
+  if (request != MlaDecodeKernel::kAuto && request != MlaDecodeKernel::kPortable &&
+      request != MlaDecodeKernel::kSm90) {
+    return invalid(op, "options.kernel: expected kAuto, kPortable or kSm90, got " +
+                           std::to_string(static_cast<int>(request)));
+  }
+  const bool sm90 = request == MlaDecodeKernel::kSm90 || (request == MlaDecodeKernel::kAuto && hopper);
+  *traits = decode_kernel_traits(sm90 ? MlaDecodeKernel::kSm90 : MlaDecodeKernel::kPortable);
+  return Status::ok();
 }
 
 int64_t decode_rows(const MlaDecodeProblem& p) {
@@ -76,9 +104,10 @@ Status validate_decode_problem(const char* op, const MlaDecodeProblem& p) {
 }
 
 Status make_decode_layout(const MlaDecodeProblem& p, const DeviceInfo& device,
-                          MlaDecodePlan* plan) {
+                          MlaDecodePlan* plan, MlaDecodeKernel request) {
   MLAKIT_RETURN_IF_ERROR(validate_decode_problem("mla_decode_plan", p));
-  DecodeKernelTraits traits = select_decode_kernel(device);
+  DecodeKernelTraits traits;
+  MLAKIT_RETURN_IF_ERROR(select_decode_kernel("mla_decode_plan", device, request, &traits));
   MlaDecodePlan out;
   out.problem = p;
   out.kernel = traits.kernel;

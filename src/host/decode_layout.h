@@ -21,8 +21,11 @@ struct DecodeKernelTraits {
 
 inline constexpr int kWorkspaceAlignment = 256;
 
-// The kernel family for a device (portable for now; the Hopper kernel joins here).
-DecodeKernelTraits select_decode_kernel(const DeviceInfo& device);
+// The kernel family for a device and request: kSm90 on compute capability 9.0 (unless the
+// portable kernel is asked for), kPortable elsewhere. Asking for kSm90 elsewhere is an error.
+Status select_decode_kernel(const char* op, const DeviceInfo& device, MlaDecodeKernel request,
+                            DecodeKernelTraits* traits);
+DecodeKernelTraits decode_kernel_traits(MlaDecodeKernel kernel);
 
 // Query rows per kv head: s_q * h_q / h_kv.
 int64_t decode_rows(const MlaDecodeProblem& problem);
@@ -45,6 +48,6 @@ Status validate_decode_problem(const char* op, const MlaDecodeProblem& problem);
 // Split sequences need at most 2 * num_parts partial slots: a sequence cut into s pieces
 // crosses s - 1 of the num_parts - 1 part boundaries, so sum(s) <= 2 * (num_parts - 1).
 Status make_decode_layout(const MlaDecodeProblem& problem, const DeviceInfo& device,
-                          MlaDecodePlan* plan);
+                          MlaDecodePlan* plan, MlaDecodeKernel request = MlaDecodeKernel::kAuto);
 
 }  // namespace mlakit::detail

@@ -43,21 +43,22 @@ Status check_seqlens(const char* op, const TensorRef& seqlens, int64_t b, int de
 
 }  // namespace
 
-Status mla_decode_workspace_size(const MlaDecodeProblem& problem, std::size_t* bytes) {
+Status mla_decode_workspace_size(const MlaDecodeProblem& problem, std::size_t* bytes,
+                                 const MlaDecodeOptions& options) {
   constexpr const char* kOp = "mla_decode_workspace_size";
   if (bytes == nullptr) return invalid(kOp, "bytes: expected a non-null pointer, got null");
   MLAKIT_RETURN_IF_ERROR(detail::validate_decode_problem(kOp, problem));
   detail::DeviceInfo dev;
   MLAKIT_RETURN_IF_ERROR(current_supported_device(kOp, &dev));
   MlaDecodePlan layout;
-  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout));
+  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout, options.kernel));
   *bytes = layout.workspace_bytes;
   return Status::ok();
 }
 
 Status mla_decode_plan(const MlaDecodeProblem& problem, const TensorRef& cache_seqlens,
                        void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
-                       MlaDecodePlan* plan) {
+                       MlaDecodePlan* plan, const MlaDecodeOptions& options) {
   constexpr const char* kOp = "mla_decode_plan";
   if (plan == nullptr) return invalid(kOp, "plan: expected a non-null pointer, got null");
   MLAKIT_RETURN_IF_ERROR(detail::validate_decode_problem(kOp, problem));
@@ -65,7 +66,7 @@ Status mla_decode_plan(const MlaDecodeProblem& problem, const TensorRef& cache_s
   MLAKIT_RETURN_IF_ERROR(current_supported_device(kOp, &dev));
   MLAKIT_RETURN_IF_ERROR(check_seqlens(kOp, cache_seqlens, problem.b, dev.ordinal));
   MlaDecodePlan layout;
-  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout));
+  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout, options.kernel));
   if (workspace == nullptr) return invalid(kOp, "workspace: expected a non-null pointer, got null");
   if (reinterpret_cast<std::uintptr_t>(workspace) % detail::kWorkspaceAlignment != 0) {
     return invalid(kOp, "workspace: expected a " + std::to_string(detail::kWorkspaceAlignment) +

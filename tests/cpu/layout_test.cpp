@@ -26,6 +26,13 @@ DeviceInfo h100() {
                     .max_smem_per_block_optin = 227 * 1024};
 }
 
+// The traits make_decode_layout picks for `dev` when the kernel is left to it.
+DecodeKernelTraits auto_traits(const DeviceInfo& dev) {
+  DecodeKernelTraits t;
+  EXPECT_TRUE(select_decode_kernel("test", dev, MlaDecodeKernel::kAuto, &t).is_ok());
+  return t;
+}
+
 MlaDecodeProblem problem(int64_t b, int s_q, int h_q, int h_kv) {
   return MlaDecodeProblem{.b = b, .s_q = s_q, .h_q = h_q, .h_kv = h_kv, .d_qk = 576, .d_v = 512};
 }
@@ -72,7 +79,7 @@ void check_layout(const MlaDecodePlan& plan) {
 TEST(DecodeLayout, WorkedExampleOfTheHeader) {
   // H100 (132 SMs), portable kernel (2 CTAs/SM, 32 rows/tile), h_q 128 h_kv 1 s_q 1.
   const MlaDecodeProblem p = problem(4, 1, 128, 1);
-  const DecodeKernelTraits t = select_decode_kernel(h100());
+  const DecodeKernelTraits t = decode_kernel_traits(MlaDecodeKernel::kPortable);
   EXPECT_EQ(t.kernel, MlaDecodeKernel::kPortable);
   EXPECT_EQ(t.rows_per_tile, 32);
   EXPECT_EQ(t.ctas_per_sm, 2);
@@ -81,7 +88,7 @@ TEST(DecodeLayout, WorkedExampleOfTheHeader) {
   EXPECT_EQ(decode_num_parts(p, t, 132), 66);
 
   MlaDecodePlan plan;
-  ASSERT_TRUE(make_decode_layout(p, h100(), &plan).is_ok());
+  ASSERT_TRUE(make_decode_layout(p, h100(), &plan, MlaDecodeKernel::kPortable).is_ok());
   EXPECT_EQ(plan.num_parts, 66);
   EXPECT_EQ(plan.partial_slots, 132);
   EXPECT_EQ(plan.block_n, t.block_n);
@@ -94,8 +101,29 @@ TEST(DecodeLayout, WorkedExampleOfTheHeader) {
   check_layout(plan);
 }
 
+TEST(DecodeLayout, HopperKernelOnComputeCapability90) {
+  // Hopper kernel: 64 rows per CTA, 1 CTA per SM: h_q 128 s_q 1 -> 2 tiles -> 66 parts.
+  const DecodeKernelTraits t = auto_traits(h100());
+  EXPECT_EQ(t.kernel, MlaDecodeKernel::kSm90);
+  EXPECT_EQ(t.rows_per_tile, 64);
+  EXPECT_EQ(decode_num_parts(problem(4, 1, 128, 1), t, 132), 66);
+  EXPECT_EQ(decode_num_parts(problem(4, 1, 16, 1), t, 132), 132);
+  MlaDecodePlan plan;
+  ASSERT_TRUE(make_decode_layout(problem(4, 1, 128, 1), h100(), &plan).is_ok());
+  EXPECT_EQ(plan.kernel, MlaDecodeKernel::kSm90);
+  check_layout(plan);
+  // Other architectures: the portable kernel, and kSm90 is refused by name.
+  const DeviceInfo a100{.ordinal = 0, .sm_count = 108, .cc_major = 8, .cc_minor = 0};
+  EXPECT_EQ(auto_traits(a100).kernel, MlaDecodeKernel::kPortable);
+  DecodeKernelTraits unused;
+  EXPECT_TRUE(StatusIs(select_decode_kernel("op", a100, MlaDecodeKernel::kSm90, &unused),
+                       StatusCode::kUnsupportedArchitecture, {"options.kernel", "9.0", "8.0"}));
+  EXPECT_TRUE(IsInvalid(select_decode_kernel("op", h100(), static_cast<MlaDecodeKernel>(7), &unused),
+                        {"options.kernel", "got 7"}));
+}
+
 TEST(DecodeLayout, RowsTilesAndParts) {
-  const DecodeKernelTraits t = select_decode_kernel(h100());
+  const DecodeKernelTraits t = decode_kernel_traits(MlaDecodeKernel::kPortable);
   // rows = s_q * h_q / h_kv
   EXPECT_EQ(decode_rows(problem(1, 2, 128, 1)), 256);
   EXPECT_EQ(decode_rows(problem(1, 4, 6, 2)), 12);
@@ -134,7 +162,7 @@ TEST(DecodeLayout, RegionsAlignedDisjointAndSizedForManyProblems) {
           MlaDecodePlan plan;
           ASSERT_TRUE(make_decode_layout(p, dev, &plan).is_ok());
           EXPECT_EQ(plan.device, dev.ordinal);
-          EXPECT_EQ(plan.num_parts, decode_num_parts(p, select_decode_kernel(dev), dev.sm_count));
+          EXPECT_EQ(plan.num_parts, decode_num_parts(p, auto_traits(dev), dev.sm_count));
           EXPECT_EQ(plan.partial_slots, 2 * static_cast<int64_t>(plan.num_parts));
           check_layout(plan);
           if (::testing::Test::HasFailure()) return;
@@ -175,7 +203,7 @@ TEST(DecodeLayout, AnyLengthsScheduleFitsTheWorkspace) {
     std::vector<int32_t> lens(b);
     const int32_t cap = std::uniform_int_distribution<int32_t>(0, 40000)(rng);
     for (auto& l : lens) l = std::uniform_int_distribution<int32_t>(0, cap)(rng);
-    const ScheduleConfig c = decode_schedule_config(p, select_decode_kernel(dev), sm_count);
+    const ScheduleConfig c = decode_schedule_config(p, auto_traits(dev), sm_count);
     ASSERT_EQ(c.num_parts, plan.num_parts);
     ASSERT_EQ(c.block_n, plan.block_n);
     ASSERT_EQ(c.overhead_blocks, plan.overhead_blocks);

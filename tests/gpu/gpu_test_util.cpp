@@ -43,25 +43,33 @@ void DeviceDecodeCase::poison_outputs() {
   lse.fill32(kNanF32);
 }
 
-DeviceBuffer make_workspace(const MlaDecodeProblem& problem) {
+DeviceBuffer make_workspace(const MlaDecodeProblem& problem, const MlaDecodeOptions& options) {
   std::size_t bytes = 0;
-  Status s = mla_decode_workspace_size(problem, &bytes);
+  Status s = mla_decode_workspace_size(problem, &bytes, options);
   if (!s) throw std::runtime_error(s.to_string());
   return DeviceBuffer(bytes);
 }
 
+bool is_hopper() {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0;
+}
+
 GpuDecodeResult run_gpu_decode(const support::HostDecodeCase& c, DeviceBuffer* workspace,
-                               MlaDecodePlan* plan_out) {
+                               MlaDecodePlan* plan_out, const MlaDecodeOptions& options) {
   GpuDecodeResult r;
   DeviceDecodeCase d(c);
   DeviceBuffer own;
   if (workspace == nullptr) {
-    own = make_workspace(c.problem());
+    own = make_workspace(c.problem(), options);
     workspace = &own;
   }
   MlaDecodePlan plan;
   r.status = mla_decode_plan(c.problem(), d.args.cache_seqlens, workspace->get(), workspace->bytes(),
-                             nullptr, &plan);
+                             nullptr, &plan, options);
   if (!r.status) return r;
   r.status = mla_decode(d.args, plan, nullptr);
   if (!r.status) return r;

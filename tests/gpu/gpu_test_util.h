@@ -43,7 +43,7 @@ struct DeviceDecodeCase {
 };
 
 // A workspace sized for `problem` on the current device (fails the test if the query fails).
-DeviceBuffer make_workspace(const MlaDecodeProblem& problem);
+DeviceBuffer make_workspace(const MlaDecodeProblem& problem, const MlaDecodeOptions& options = {});
 
 // Uploads, plans and decodes `c`, returning the outputs; `plan_out` receives the plan.
 struct GpuDecodeResult {
@@ -52,6 +52,9 @@ struct GpuDecodeResult {
   std::vector<float> lse;
 };
 GpuDecodeResult run_gpu_decode(const support::HostDecodeCase& c, DeviceBuffer* workspace = nullptr,
-                               MlaDecodePlan* plan_out = nullptr);
+                               MlaDecodePlan* plan_out = nullptr, const MlaDecodeOptions& options = {});
+
+// True when the current device is a Hopper (compute capability 9.0) GPU.
+bool is_hopper();
 
 }  // namespace mlakit::testing

@@ -57,7 +57,8 @@ std::vector<SweepCase> sweep_cases() {
   const int h_q_values[] = {1, 3, 9, 16, 64, 128};
   const int h_kv_values[] = {1, 2, 8};
   const int s_q_values[] = {1, 2, 4};
-  const int pages[] = {1, 16, 64, 100};
+  const int pages[] = {1, 16, 64, 100};  // Hopper kernel: 16, 64 tiled; 1, 100 portable
+
   const int64_t small_b[] = {1, 2, 6};
   const int small_sk[] = {20, 140};
   std::vector<SweepCase> cases;
@@ -88,6 +89,10 @@ std::vector<SweepCase> sweep_cases() {
   cases.push_back({64, 2, 128, 1, 4096, 64, true, true, true, DType::kBF16, 2.0f});
   cases.push_back({64, 4, 16, 1, 4096, 16, true, false, false, DType::kFP16});
   cases.push_back({64, 1, 9, 1, 140, 100, false, true, true, DType::kBF16});
+  // More page sizes the Hopper kernel tiles (32 as 2 boxes per tile, 128 as half pages).
+  cases.push_back({6, 2, 128, 1, 1000, 32, true, true, true, DType::kBF16, 2.0f});
+  cases.push_back({6, 1, 64, 2, 1000, 128, false, true, false, DType::kFP16});
+  cases.push_back({3, 3, 32, 1, 333, 256, true, false, false, DType::kBF16});
   return cases;
 }
 
@@ -128,18 +133,26 @@ TEST_P(MlaDecodeSweep, MatchesReference) {
   spec.softmax_scale = sc.scale;
   spec.seed = 17 + sc.h_q * 31 + sc.page;
   const support::HostDecodeCase hc = support::make_decode_case(spec);
-
-  DeviceBuffer workspace = make_workspace(hc.problem());
-  MlaDecodePlan plan;
-  GpuDecodeResult gpu = run_gpu_decode(hc, &workspace, &plan);
-  ASSERT_TRUE(gpu.status) << gpu.status.to_string();
-  expect_planner_matches_twin(hc, plan, workspace);
-
   const support::ReferenceResult ref = support::run_reference(hc);
-  const support::AccuracyReport out = support::check_half_outputs(gpu.out, ref.out, sc.dtype, "out");
-  EXPECT_TRUE(out.ok) << out.message << " (cosine diff " << out.cosine_diff << ")";
-  const support::AccuracyReport lse = support::check_float_stats(gpu.lse, ref.lse, "lse");
-  EXPECT_TRUE(lse.ok) << lse.message;
+
+  // Every kernel family the device has: the portable kernel everywhere, the Hopper kernel on
+  // compute capability 9.0 (kAuto picks it there).
+  std::vector<MlaDecodeKernel> kernels = {MlaDecodeKernel::kPortable};
+  if (is_hopper()) kernels.push_back(MlaDecodeKernel::kSm90);
+  for (MlaDecodeKernel kernel : kernels) {
+    SCOPED_TRACE(kernel == MlaDecodeKernel::kSm90 ? "kernel sm90" : "kernel portable");
+    const MlaDecodeOptions options{.kernel = kernel};
+    DeviceBuffer workspace = make_workspace(hc.problem(), options);
+    MlaDecodePlan plan;
+    GpuDecodeResult gpu = run_gpu_decode(hc, &workspace, &plan, options);
+    ASSERT_TRUE(gpu.status) << gpu.status.to_string();
+    EXPECT_EQ(plan.kernel, kernel);
+    expect_planner_matches_twin(hc, plan, workspace);
+    const support::AccuracyReport out = support::check_half_outputs(gpu.out, ref.out, sc.dtype, "out");
+    EXPECT_TRUE(out.ok) << out.message << " (cosine diff " << out.cosine_diff << ")";
+    const support::AccuracyReport lse = support::check_float_stats(gpu.lse, ref.lse, "lse");
+    EXPECT_TRUE(lse.ok) << lse.message;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, MlaDecodeSweep, ::testing::ValuesIn(sweep_cases()),

@@ -16,10 +16,10 @@ cudaError_t launch_decode_plan(const int32_t* seqlens, int64_t b, const Schedule
                                int64_t* cost_prefix, int32_t* split_prefix,
                                int32_t* partial_prefix, PartRange* parts, cudaStream_t stream);
 
-// Grid (row_tiles, h_kv, num_parts). Elem: __nv_bfloat16 or __half.
+// Attention (grid: 32-row tiles x h_kv x num_parts) then combine. Elem: __nv_bfloat16 or
+// __half. Runs with a plan of any kernel family (the schedule does not depend on the tiling).
 template <typename Elem>
-cudaError_t launch_mla_decode_portable(const MlaDecodeParams& params, int row_tiles,
-                                       cudaStream_t stream);
+cudaError_t launch_mla_decode_portable(const MlaDecodeParams& params, cudaStream_t stream);
 
 // Merges the partial results of split sequences and writes empty sequences (0, +inf).
 template <typename Elem>

@@ -8,9 +8,9 @@
 namespace mlakit::detail {
 
 template <typename Elem>
-cudaError_t launch_mla_decode_portable(const MlaDecodeParams& params, int row_tiles,
-                                       cudaStream_t stream) {
+cudaError_t launch_mla_decode_portable(const MlaDecodeParams& params, cudaStream_t stream) {
   using C = portable::DecodeConfig;
+  const int row_tiles = (params.rows + C::kRows - 1) / C::kRows;
   constexpr int kSmem = sizeof(portable::DecodeSmem<Elem>);
   auto kernel = &portable::mla_decode_portable_kernel<Elem>;
   // Idempotent and cheap; not a stream operation, so it is allowed during graph capture.

@@ -30,6 +30,7 @@
 #include "device/cp_async.cuh"
 #include "device/mma_sm80.cuh"
 #include "device/numeric.cuh"
+#include "kernels/decode_rows.cuh"
 #include "kernels/mla_decode_params.h"
 
 namespace mlakit::detail::portable {
@@ -74,23 +75,6 @@ struct DecodeSmem {
   int bad;                   // a block-table entry was out of range in this segment
 };
 
-// The token (t) and query head of row r of kv head hk.
-struct RowCoord {
-  int t;
-  int head;
-};
-__device__ __forceinline__ RowCoord row_coord(const MlaDecodeParams& p, int hk, int r) {
-  return RowCoord{r / p.heads_per_kv, hk * p.heads_per_kv + r % p.heads_per_kv};
-}
-
-// Keys visible to query token t of a sequence of length L (SPEC 1: with causal, token t sees
-// positions [0, L - s_q + t]).
-__device__ __forceinline__ int visible_keys(const MlaDecodeParams& p, int L, int t) {
-  if (!p.causal) return L;
-  int limit = L - p.s_q + t + 1;
-  return limit < 0 ? 0 : (limit > L ? L : limit);
-}
-
 template <typename Elem>
 class DecodeCta {
   using C = DecodeConfig;
@@ -105,8 +89,7 @@ class DecodeCta {
   __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split) {
     load_q_and_limits(seq, L);
     reset_state();
-    const int last_row = min(p_.rows, (tile_ + 1) * C::kRows) - 1;
-    const int tiles_end = min(key_end, visible_keys(p_, L, row_coord(p_, hk_, last_row).t));
+    const int tiles_end = tile_keys_end(p_, hk_, tile_ * C::kRows, C::kRows, L, key_end);
     for (int k0 = key_begin; k0 < tiles_end; k0 += C::kKeys) {
       load_keys(seq, k0, key_end);
       compute_scores();
@@ -355,22 +338,10 @@ __global__ void __launch_bounds__(DecodeConfig::kThreads, 2)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<DecodeSmem<Elem>*>(smem_raw);
   DecodeCta<Elem> cta(p, sm);
-  const PartRange range = p.part_ranges[blockIdx.z];
-  int block = range.begin_block;
-  int split = range.begin_split;
-  for (int seq = range.begin_seq;
-       seq < range.end_seq || (seq == range.end_seq && block < range.end_block); ++seq) {
-    const int L = max(p.seqlens[seq], 0);
-    const int64_t blocks = key_blocks(L, p.block_n);
-    const int64_t block_end = seq == range.end_seq ? range.end_block : blocks;
-    if (block < block_end) {
-      const int key_begin = block * p.block_n;
-      const int key_end = static_cast<int>(min(block_end * p.block_n, static_cast<int64_t>(L)));
-      cta.run_segment(seq, L, key_begin, key_end, split);
-    }
-    block = 0;
-    split = 0;
-  }
+  for_each_segment(p, p.part_ranges[blockIdx.z],
+                   [&](int seq, int L, int key_begin, int key_end, int split) {
+                     cta.run_segment(seq, L, key_begin, key_end, split);
+                   });
 }
 
 }  // namespace mlakit::detail::portable

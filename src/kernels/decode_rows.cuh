@@ -1,0 +1,60 @@
+// Row and segment bookkeeping shared by every dense MLA decode kernel: which query token and
+// head a packed row is, how many keys a token may see, and the walk over a part's
+// (sequence, key block) range that the planner produced.
+#pragma once
+
+#include <cstdint>
+
+#include "common/decode_schedule.h"
+#include "kernels/mla_decode_params.h"
+
+namespace mlakit::detail {
+
+// Row r of kv head hk is query token r / heads_per_kv of head hk * heads_per_kv +
+// r % heads_per_kv (FlashMLA's packing: consecutive rows share a query token).
+struct RowCoord {
+  int t;
+  int head;
+};
+__device__ __forceinline__ RowCoord row_coord(const MlaDecodeParams& p, int hk, int r) {
+  return RowCoord{r / p.heads_per_kv, hk * p.heads_per_kv + r % p.heads_per_kv};
+}
+
+// Keys visible to query token t of a sequence of length L (SPEC 1: with causal, token t sees
+// positions [0, L - s_q + t]).
+__device__ __forceinline__ int visible_keys(const MlaDecodeParams& p, int L, int t) {
+  if (!p.causal) return L;
+  int limit = L - p.s_q + t + 1;
+  return limit < 0 ? 0 : (limit > L ? L : limit);
+}
+
+// Calls f(seq, L, key_begin, key_end, split) for each non-empty piece of the part's range,
+// in order. key_begin is a multiple of block_n; key_end <= L.
+template <typename F>
+__device__ __forceinline__ void for_each_segment(const MlaDecodeParams& p, const PartRange& range, F&& f) {
+  int block = range.begin_block;
+  int split = range.begin_split;
+  for (int seq = range.begin_seq;
+       seq < range.end_seq || (seq == range.end_seq && block < range.end_block); ++seq) {
+    const int L = max(p.seqlens[seq], 0);
+    const int64_t blocks = key_blocks(L, p.block_n);
+    const int64_t block_end = seq == range.end_seq ? range.end_block : blocks;
+    if (block < block_end) {
+      const int key_begin = block * p.block_n;
+      const int key_end = static_cast<int>(min(block_end * p.block_n, static_cast<int64_t>(L)));
+      f(seq, L, key_begin, key_end, split);
+    }
+    block = 0;
+    split = 0;
+  }
+}
+
+// Exclusive end of the keys a row tile [tile_row0, tile_row0 + tile_rows) needs from a
+// segment: causal visibility grows with the token, so the tile's last row bounds it.
+__device__ __forceinline__ int tile_keys_end(const MlaDecodeParams& p, int hk, int tile_row0, int tile_rows,
+                                             int L, int key_end) {
+  const int last_row = min(p.rows, tile_row0 + tile_rows) - 1;
+  return min(key_end, visible_keys(p, L, row_coord(p, hk, last_row).t));
+}
+
+}  // namespace mlakit::detail

@@ -1,0 +1,68 @@
+#include <cudaTypedefs.h>
+
+#include "kernels/sm90/launch.h"
+
+namespace mlakit::detail {
+namespace {
+
+constexpr int kTileKeys = 64;
+constexpr int kBoxCols = 64;  // 128 bytes of 16-bit values: the 128-byte swizzle span
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link).
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult result;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &result) !=
+            cudaSuccess ||
+        result != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      ptr = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+int sm90_box_rows(int64_t page_size) {
+  if (page_size % kTileKeys == 0) return kTileKeys;
+  if (page_size == 16 || page_size == 32) return static_cast<int>(page_size);
+  return 0;
+}
+
+bool make_kv_tensor_map(const TensorRef& kv, int box_rows, CUtensorMap* map, std::string* why) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+  if (encode == nullptr) {
+    *why = "cuTensorMapEncodeTiled is not available from the driver";
+    return false;
+  }
+  const int64_t elem = static_cast<int64_t>(dtype_size(kv.dtype));
+  // dims innermost first: d_qk, h_kv, page, num_blocks. A dimension of size 1 gets the
+  // stride the dense layout would have (its stride never matters but must be valid).
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(kv.shape[3]), static_cast<cuuint64_t>(kv.shape[2]),
+                        static_cast<cuuint64_t>(kv.shape[1]), static_cast<cuuint64_t>(kv.shape[0])};
+  int64_t dense = kv.shape[3] * elem;
+  cuuint64_t strides[3];
+  for (int i = 0; i < 3; ++i) {
+    const int axis = 2 - i;  // h_kv, page, block
+    const int64_t bytes = kv.shape[axis] == 1 ? dense : kv.stride[axis] * elem;
+    strides[i] = static_cast<cuuint64_t>(bytes);
+    dense = bytes * kv.shape[axis];
+  }
+  cuuint32_t box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows), 1};
+  cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      kv.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode(map, type, 4, kv.data, dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    *why = "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(static_cast<int>(r));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace mlakit::detail

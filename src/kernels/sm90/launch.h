@@ -1,0 +1,29 @@
+// Launchers of the Hopper (sm_90a) dense MLA decode and the tensor map it reads the paged
+// cache through. Host code; one explicit instantiation per dtype in its own .cu file.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "kernels/mla_decode_params.h"
+#include "mlakit/tensor.h"
+
+namespace mlakit::detail {
+
+// Rows per TMA box for a page size: 64-key tiles are loaded as whole 64-row boxes when the
+// page is a multiple of 64, as 64 / page boxes when page is 16 or 32; 0 = not supported by
+// the Hopper kernel (the portable kernel serves it).
+int sm90_box_rows(int64_t page_size);
+
+// 4D map {d_qk, h_kv, page, num_blocks} over the cache, box {64, 1, box_rows, 1}, 128-byte
+// swizzle. False (with the driver's reason) when the driver rejects it.
+bool make_kv_tensor_map(const TensorRef& kv_cache, int box_rows, CUtensorMap* map, std::string* why);
+
+// Attention (grid: 64-row tiles x h_kv x num_parts) then the portable combine.
+template <typename Elem>
+cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
+                                   cudaStream_t stream);
+
+}  // namespace mlakit::detail
