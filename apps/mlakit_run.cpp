@@ -163,8 +163,9 @@ int run_gpu(const Options& o) {
               o_report.cosine_diff, o_report.ok ? "ok" : o_report.message.c_str(),
               l_report.ok ? "ok" : l_report.message.c_str());
   const double flops = support::decode_flops(c), bytes = support::decode_bytes(c);
-  std::printf("decode: %.1f us  %.1f TFLOP/s  %.0f GB/s   (plan %.1f us, reused by every layer; kernel: portable)\n",
-              decode_us, flops / decode_us * 1e-6, bytes / decode_us * 1e-3, plan_us);
+  std::printf("decode: %.1f us  %.1f TFLOP/s  %.0f GB/s   (plan %.1f us, reused by every layer; kernel: %s)\n",
+              decode_us, flops / decode_us * 1e-6, bytes / decode_us * 1e-3, plan_us,
+              plan.kernel == MlaDecodeKernel::kSm90 ? "sm90" : "portable");
   const bool ok = o_report.ok && l_report.ok;
   std::printf("result: %s\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;

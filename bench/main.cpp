@@ -28,19 +28,21 @@ struct Options {
   int runs = kDefaultRuns;
   std::string out_dir = "bench/results";
   DType dtype = DType::kBF16;
+  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
 };
 
 void print_usage(std::FILE* to) {
   std::fprintf(
       to,
       "usage: mlakit-bench [--quick] [--filter SUBSTRING] [--runs N] [--out DIR]\n"
-      "                    [--dtype bf16|fp16]\n"
+      "                    [--dtype bf16|fp16] [--kernel auto|portable|sm90]\n"
       "  --quick            two cases (b128 h_q128 s_k4096, b32 h_q16 s_k8192); allows --runs < "
       "%d\n"
       "  --filter SUBSTRING only the cases whose name contains SUBSTRING\n"
       "  --runs N           timed runs per case, median reported (default %d, minimum %d)\n"
       "  --out DIR          results directory (default bench/results); appends to DIR/<gpu>.jsonl\n"
       "  --dtype bf16|fp16  q and cache element type (default bf16)\n"
+      "  --kernel K         auto (default: sm90 on Hopper), portable or sm90\n"
       "Environment: MLAKIT_COMMIT names the commit in the JSON (default \"unknown\").\n",
       kMinRuns, kDefaultRuns, kMinRuns);
 }
@@ -77,6 +79,17 @@ Options parse_options(int argc, char** argv) {
       runs_given = true;
     } else if (arg == "--out") {
       o.out_dir = value();
+    } else if (arg == "--kernel") {
+      const std::string v = value();
+      if (v == "auto") {
+        o.kernel = MlaDecodeKernel::kAuto;
+      } else if (v == "portable") {
+        o.kernel = MlaDecodeKernel::kPortable;
+      } else if (v == "sm90") {
+        o.kernel = MlaDecodeKernel::kSm90;
+      } else {
+        usage_error("--kernel: expected auto, portable or sm90, got '" + v + "'");
+      }
     } else if (arg == "--dtype") {
       const std::string v = value();
       if (v == "bf16")
@@ -221,7 +234,8 @@ int run(const Options& opt) {
                              .flusher = &flusher,
                              .warmup = kWarmupRounds,
                              .runs = opt.runs,
-                             .dtype = opt.dtype};
+                             .dtype = opt.dtype,
+                             .kernel = opt.kernel};
 
   const CopyResult copy = measure_copy_bandwidth(settings);
   std::printf("copy bandwidth (device-to-device %zu MB, read + written): %.0f GB/s (%.1f us)\n\n",

@@ -115,7 +115,8 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
       c.args(q.get(), kv.get(), table.get(), seqlens.get(), out.get(), lse.get());
 
   std::size_t workspace_bytes = 0;
-  BENCH_STATUS(mla_decode_workspace_size(problem, &workspace_bytes));
+  const MlaDecodeOptions options{.kernel = s.kernel};
+  BENCH_STATUS(mla_decode_workspace_size(problem, &workspace_bytes, options));
   DeviceBuffer workspace(workspace_bytes);
 
   // The plan is made once per step and shared by every layer, so it is timed on its own
@@ -124,7 +125,7 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
   const auto flush = [&] { s.flusher->flush(s.stream); };
   const auto plan_us = support::time_rounds(s.stream, s.warmup, s.runs, flush, [&] {
     BENCH_STATUS(mla_decode_plan(problem, args.cache_seqlens, workspace.get(), workspace_bytes,
-                                 s.stream, &plan));
+                                 s.stream, &plan, options));
   });
   const auto decode_us = support::time_rounds(s.stream, s.warmup, s.runs, flush,
                                      [&] { BENCH_STATUS(mla_decode(args, plan, s.stream)); });

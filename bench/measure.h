@@ -9,6 +9,7 @@
 #include "bench/cases.h"
 #include "bench/device_data.h"
 #include "support/gpu_timing.h"
+#include "mlakit/mla_decode.h"
 #include "mlakit/tensor.h"
 
 namespace mlakit::bench {
@@ -19,6 +20,7 @@ struct RunSettings {
   int warmup = 5;  // untimed rounds before the timed ones
   int runs = 20;   // timed rounds; results are their median
   DType dtype = DType::kBF16;
+  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;  // --kernel
 };
 
 struct CopyResult {

@@ -167,20 +167,33 @@ class Sm90Consumer {
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     bool bad = false;
     const int tiles = segment_tiles(p_, hk_, tile_, L, key_begin, key_end);
+    // S of tile i+1 is issued before the softmax of tile i, so the tensor cores work while
+    // the softmax and its barriers run; P.V of tile i then follows in the same group.
+    float s[16], s_next[16];
+    if (tiles > 0) {
+      bad |= acquire_stage(stage_, phase_, key_begin, key_end);
+      issue_scores(s, stage_);
+      dev::wgmma_wait<0>();
+      dev::fence_registers(s);
+    }
     for (int i = 0; i < tiles; ++i) {
       const int tile_start = key_begin + i * C::kKeys;
-      dev::mbarrier_wait(&sm_.full[stage_], phase_);
-      bad |= sm_.stage_bad[stage_] != 0;
-      const int valid_rows = min(C::kKeys, key_end - tile_start);
-      if (valid_rows < C::kKeys) zero_rows(valid_rows);
-
-      float s[16];
-      compute_scores(s);
+      const int next_stage = stage_ ^ 1;
+      const uint32_t next_phase = phase_ ^ (next_stage == 0 ? 1u : 0u);
+      if (i + 1 < tiles) {
+        bad |= acquire_stage(next_stage, next_phase, tile_start + C::kKeys, key_end);
+        issue_scores(s_next, next_stage);
+      }
       softmax_to_p(s, tile_start, lim0, lim1, &m0, &m1, &l0, &l1);
-      accumulate_values();
+      issue_values();
+      dev::wgmma_wait<0>();  // S(i+1) and P.V(i)
+      dev::fence_registers(o_);
+      dev::fence_registers(s_next);
       if (t_ % 128 == 0) dev::mbarrier_arrive(&sm_.empty[stage_]);
-      stage_ ^= 1;
-      phase_ ^= stage_ == 0 ? 1u : 0u;
+      stage_ = next_stage;
+      phase_ = next_phase;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) s[j] = s_next[j];
     }
     store(seq, split, m0, m1, l0, l1, bad);
   }
@@ -215,20 +228,29 @@ class Sm90Consumer {
 
   // Cache rows [valid_rows, 64) of the current stage hold data past the segment (stale, or
   // NaN past the sequence end): zero them so 0-weight P entries cannot meet NaN in P.V.
-  __device__ void zero_rows(int valid_rows) {
+  __device__ void zero_rows(int stage, int valid_rows) {
     const int chunks = (C::kKeys - valid_rows) * C::kSlabs * 8;
     for (int c = t_; c < chunks; c += C::kConsumerThreads) {
       const int r = valid_rows + c / (C::kSlabs * 8), k = c % (C::kSlabs * 8);
-      *reinterpret_cast<uint4*>(&sm_.kv[stage_][k / 8][r * 128 + (k % 8) * 16]) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(&sm_.kv[stage][k / 8][r * 128 + (k % 8) * 16]) = make_uint4(0, 0, 0, 0);
     }
     dev::fence_proxy_async_smem();
     dev::named_barrier_sync(C::kBarExchange, C::kConsumerThreads);
   }
 
-  // S_w = Q K[32w .. 32w+31]^T over d_qk (K-major A and B, 128B swizzle, SBO 1024).
-  __device__ void compute_scores(float (&s)[16]) {
+  // Waits for a stage's tile, zeroes its rows past the segment; returns its bad flag.
+  __device__ bool acquire_stage(int stage, uint32_t phase, int tile_start, int key_end) {
+    dev::mbarrier_wait(&sm_.full[stage], phase);
+    const int valid_rows = min(C::kKeys, key_end - tile_start);
+    if (valid_rows < C::kKeys) zero_rows(stage, valid_rows);
+    return sm_.stage_bad[stage] != 0;
+  }
+
+  // Issues S_w = Q K[32w .. 32w+31]^T over d_qk (K-major A and B, 128B swizzle, SBO 1024)
+  // as one committed group.
+  __device__ void issue_scores(float (&s)[16], int stage) {
     const uint32_t q_base = dev::smem_u32(&sm_.q[0][0]);
-    const uint32_t k_base = dev::smem_u32(&sm_.kv[stage_][0][0]) + C::kSKeysPerConsumer * 128 * w_;
+    const uint32_t k_base = dev::smem_u32(&sm_.kv[stage][0][0]) + C::kSKeysPerConsumer * 128 * w_;
     dev::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kQkSteps; ++kk) {
@@ -237,8 +259,6 @@ class Sm90Consumer {
                                             dev::make_sw128_desc(k_base + offset, 16, 1024), kk > 0);
     }
     dev::wgmma_commit();
-    dev::wgmma_wait<0>();
-    dev::fence_registers(s);
   }
 
   // Online softmax of the 64 x 64 tile split over the two consumers; writes P (q's dtype)
@@ -291,8 +311,8 @@ class Sm90Consumer {
     dev::named_barrier_sync(C::kBarPReady, C::kConsumerThreads);
   }
 
-  // O_w += P (64 x 64, K-major) V[:, 256w ..] (V N-major: LBO = slab, SBO = 8 keys).
-  __device__ void accumulate_values() {
+  // Issues O_w += P (64 x 64, K-major) V[:, 256w ..] (V N-major: LBO = slab, SBO = 8 keys).
+  __device__ void issue_values() {
     const uint32_t p_base = dev::smem_u32(&sm_.p[0]);
     const uint32_t v_base = dev::smem_u32(&sm_.kv[stage_][4 * w_][0]);
     dev::wgmma_fence();
@@ -303,8 +323,6 @@ class Sm90Consumer {
                                              true);
     }
     dev::wgmma_commit();
-    dev::wgmma_wait<0>();
-    dev::fence_registers(o_);
   }
 
   __device__ void store(int seq, int split, float m0, float m1, float l0, float l1, bool bad) {
