@@ -5,8 +5,9 @@
 // like the portable kernel, writing final or partial results for the combine kernel.
 //
 // Warp roles (warpgroup = 128 threads):
-//   WG0, warp 0  producer: block-table lookups (one lane per TMA box) and TMA loads of 64-key
-//                cache tiles into a 2-stage ring; setmaxnreg.dec to kProducerRegs.
+//   WG0, warp 0  producer: block-table lookups (one lane per TMA box), L2 prefetches of the
+//                tiles kL2PrefetchTiles ahead, and TMA loads of 64-key cache tiles into a
+//                2-stage ring; setmaxnreg.dec to kProducerRegs.
 //   WG1, WG2     consumers w = 0, 1 (setmaxnreg.inc to kConsumerRegs). Consumer w computes
 //                S_w = Q K[32w .. 32w+31]^T (64 x 32, wgmma m64n32k16 x 36) and owns the output
 //                columns O_w = O[:, 256w .. 256w+255] (64 x 256 f32, 128 registers/thread),
@@ -35,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "device/cp_async.cuh"
 #include "device/numeric.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
@@ -54,6 +56,9 @@ struct Sm90DecodeConfig {
   static constexpr int kSlabs = kDqk / kSlabCols;
   static constexpr int kSlabBytes = kKeys * 128;
   static constexpr int kStages = 2;
+  // Tiles ahead of the one being loaded that the producer prefetches into L2: the shared
+  // memory ring holds only two 72 KB tiles, L2 holds the rest of the loads in flight.
+  static constexpr int kL2PrefetchTiles = 2;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
   static constexpr int kProducerRegs = 40;
@@ -108,19 +113,38 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
   uint32_t phase = 0;
   for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int) {
     const int tiles = segment_tiles(p, hk, tile, L, key_begin, key_end);
-    for (int i = 0; i < tiles; ++i) {
-      const int tile_start = key_begin + i * C::kKeys;
-      // Lane j looks up box j's physical block; entries past the segment are never read.
+    // Lane j looks up box j of a tile; entries past the segment are never read.
+    auto lookup = [&](int tile_start, int32_t* block, bool* bad) {
       const int key0 = tile_start + lane * box_rows;
       bool valid = lane < boxes && key0 < key_end;
-      bool bad = false;
-      int32_t block = 0;
+      *bad = false;
+      *block = 0;
       if (valid) {
         const int logical = key0 / p.page_size;
-        block = logical < p.max_blocks_per_seq ? p.block_table[seq * p.block_table_stride_b + logical] : -1;
-        bad = block < 0 || block >= p.num_blocks;
-        valid = !bad;
+        *block = logical < p.max_blocks_per_seq ? p.block_table[seq * p.block_table_stride_b + logical] : -1;
+        *bad = *block < 0 || *block >= p.num_blocks;
+        valid = !*bad;
       }
+      return valid;
+    };
+    for (int i = 0; i < tiles; ++i) {
+      const int tile_start = key_begin + i * C::kKeys;
+      if (i + C::kL2PrefetchTiles < tiles) {
+        const int ahead = tile_start + C::kL2PrefetchTiles * C::kKeys;
+        int32_t ahead_block;
+        bool ahead_bad;
+        if (lookup(ahead, &ahead_block, &ahead_bad)) {
+          // Each lane prefetches its own box.
+          const int row_in_page = (ahead + lane * box_rows) % p.page_size;
+#pragma unroll
+          for (int s = 0; s < C::kSlabs; ++s) {
+            dev::tma_prefetch_l2_4d(&kv_map, s * C::kSlabCols, hk, row_in_page, ahead_block);
+          }
+        }
+      }
+      int32_t block;
+      bool bad;
+      bool valid = lookup(tile_start, &block, &bad);
       const bool any_bad = __any_sync(0xffffffffu, bad);
       dev::mbarrier_wait(&sm.empty[stage], phase ^ 1);
       for (int j = 0; j < boxes; ++j) {
@@ -167,33 +191,23 @@ class Sm90Consumer {
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     bool bad = false;
     const int tiles = segment_tiles(p_, hk_, tile_, L, key_begin, key_end);
-    // S of tile i+1 is issued before the softmax of tile i, so the tensor cores work while
-    // the softmax and its barriers run; P.V of tile i then follows in the same group.
-    float s[16], s_next[16];
-    if (tiles > 0) {
-      bad |= acquire_stage(stage_, phase_, key_begin, key_end);
+    // A stage is held only from its S to its P.V: with two stages, the load of tile i+2
+    // overlaps the whole of tile i+1. (Issuing S(i+1) before the softmax of tile i holds both
+    // stages at once and exposed the full load latency: measured slower on H100/H200.)
+    for (int i = 0; i < tiles; ++i) {
+      const int tile_start = key_begin + i * C::kKeys;
+      bad |= acquire_stage(stage_, phase_, tile_start, key_end);
+      float s[16];
       issue_scores(s, stage_);
       dev::wgmma_wait<0>();
       dev::fence_registers(s);
-    }
-    for (int i = 0; i < tiles; ++i) {
-      const int tile_start = key_begin + i * C::kKeys;
-      const int next_stage = stage_ ^ 1;
-      const uint32_t next_phase = phase_ ^ (next_stage == 0 ? 1u : 0u);
-      if (i + 1 < tiles) {
-        bad |= acquire_stage(next_stage, next_phase, tile_start + C::kKeys, key_end);
-        issue_scores(s_next, next_stage);
-      }
       softmax_to_p(s, tile_start, lim0, lim1, &m0, &m1, &l0, &l1);
       issue_values();
-      dev::wgmma_wait<0>();  // S(i+1) and P.V(i)
+      dev::wgmma_wait<0>();
       dev::fence_registers(o_);
-      dev::fence_registers(s_next);
       if (t_ % 128 == 0) dev::mbarrier_arrive(&sm_.empty[stage_]);
-      stage_ = next_stage;
-      phase_ = next_phase;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) s[j] = s_next[j];
+      stage_ ^= 1;
+      phase_ ^= stage_ == 0 ? 1u : 0u;
     }
     store(seq, split, m0, m1, l0, l1, bad);
   }
@@ -206,7 +220,8 @@ class Sm90Consumer {
     return min(key_end, visible_keys(p_, L, row_coord(p_, hk_, row).t));
   }
 
-  // Q tile into 9 swizzled slabs with 16-byte stores; padding rows are zero.
+  // Q tile into 9 swizzled slabs with 16-byte cp.async (all in flight at once); padding rows
+  // are zero.
   __device__ void load_q(int seq) {
     const Elem* q = static_cast<const Elem*>(p_.q);
     constexpr int kChunksPerRow = C::kDqk / 8;
@@ -214,14 +229,15 @@ class Sm90Consumer {
       const int r = c / kChunksPerRow, k = c % kChunksPerRow;
       const int slab = k / 8, chunk = k % 8;
       const int row = tile_ * C::kRows + r;
-      uint4 v = make_uint4(0, 0, 0, 0);
+      uint8_t* dst = &sm_.q[slab][r * 128 + ((chunk ^ (r & 7)) * 16)];
       if (row < p_.rows) {
         const RowCoord rc = row_coord(p_, hk_, row);
-        v = *reinterpret_cast<const uint4*>(q + seq * p_.q_stride_b + rc.t * p_.q_stride_s +
-                                            rc.head * p_.q_stride_h + k * 8);
+        device::cp_async_16(dst, q + seq * p_.q_stride_b + rc.t * p_.q_stride_s + rc.head * p_.q_stride_h + k * 8);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
       }
-      *reinterpret_cast<uint4*>(&sm_.q[slab][r * 128 + ((chunk ^ (r & 7)) * 16)]) = v;
     }
+    device::cp_async_wait_all();
     dev::fence_proxy_async_smem();
     dev::named_barrier_sync(C::kBarExchange, C::kConsumerThreads);
   }
