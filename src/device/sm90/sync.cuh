@@ -68,15 +68,6 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const void* map, uin
       : "memory");
 }
 
-// cp.async.bulk.prefetch.tensor.4d.L2.global.tile: brings one box of `map` into L2 without
-// touching shared memory (PTX ISA 9.7.9.25.5.3), so a later load of it hits L2.
-__device__ __forceinline__ void tma_prefetch_l2_4d(const void* map, int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
-}
-
 // prefetch.tensormap: warms the descriptor cache with the (kernel-parameter) tensor map.
 __device__ __forceinline__ void tma_prefetch_descriptor(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

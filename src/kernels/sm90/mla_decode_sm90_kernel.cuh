@@ -5,9 +5,8 @@
 // like the portable kernel, writing final or partial results for the combine kernel.
 //
 // Warp roles (warpgroup = 128 threads):
-//   WG0, warp 0  producer: block-table lookups (one lane per TMA box), L2 prefetches of the
-//                tiles kL2PrefetchTiles ahead, and TMA loads of 64-key cache tiles into a
-//                2-stage ring; setmaxnreg.dec to kProducerRegs.
+//   WG0, warp 0  producer: block-table lookups (one lane per TMA box) and TMA loads of 64-key
+//                cache tiles into a 2-stage ring; setmaxnreg.dec to kProducerRegs.
 //   WG1, WG2     consumers w = 0, 1 (setmaxnreg.inc to kConsumerRegs). Consumer w computes
 //                S_w = Q K[32w .. 32w+31]^T (64 x 32, wgmma m64n32k16 x 36) and owns the output
 //                columns O_w = O[:, 256w .. 256w+255] (64 x 256 f32, 128 registers/thread),
@@ -56,9 +55,6 @@ struct Sm90DecodeConfig {
   static constexpr int kSlabs = kDqk / kSlabCols;
   static constexpr int kSlabBytes = kKeys * 128;
   static constexpr int kStages = 2;
-  // Tiles ahead of the one being loaded that the producer prefetches into L2: the shared
-  // memory ring holds only two 72 KB tiles, L2 holds the rest of the loads in flight.
-  static constexpr int kL2PrefetchTiles = 2;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
   static constexpr int kProducerRegs = 40;
@@ -129,19 +125,6 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
     };
     for (int i = 0; i < tiles; ++i) {
       const int tile_start = key_begin + i * C::kKeys;
-      if (i + C::kL2PrefetchTiles < tiles) {
-        const int ahead = tile_start + C::kL2PrefetchTiles * C::kKeys;
-        int32_t ahead_block;
-        bool ahead_bad;
-        if (lookup(ahead, &ahead_block, &ahead_bad)) {
-          // Each lane prefetches its own box.
-          const int row_in_page = (ahead + lane * box_rows) % p.page_size;
-#pragma unroll
-          for (int s = 0; s < C::kSlabs; ++s) {
-            dev::tma_prefetch_l2_4d(&kv_map, s * C::kSlabCols, hk, row_in_page, ahead_block);
-          }
-        }
-      }
       int32_t block;
       bool bad;
       bool valid = lookup(tile_start, &block, &bad);
