@@ -68,50 +68,9 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const void* map, uin
       : "memory");
 }
 
-// Same as tma_load_4d, multicast: the box lands at the same shared-memory offset in every
-// CTA of `cta_mask` in the cluster, each CTA's mbarrier at `bar`'s offset counting the bytes.
-// cp.async.bulk.tensor.4d...multicast::cluster (sm_90a with a cluster launch).
-__device__ __forceinline__ void tma_load_4d_multicast(void* smem_dst, const void* map, uint64_t* bar,
-                                                      uint16_t cta_mask, int32_t c0, int32_t c1, int32_t c2,
-                                                      int32_t c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
-      "[%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(smem_u32(smem_dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)), "h"(cta_mask)
-      : "memory");
-}
-
 // prefetch.tensormap: warms the descriptor cache with the (kernel-parameter) tensor map.
 __device__ __forceinline__ void tma_prefetch_descriptor(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-// ---- clusters (PTX ISA 9.7.13.2 barrier.cluster, 9.7.9.21 mapa) ----
-
-// This CTA's rank in its cluster (%cluster_ctarank; 0 without a cluster launch).
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return rank;
-}
-
-// barrier.cluster.arrive.release + barrier.cluster.wait.acquire: every thread of every CTA
-// of the cluster (a lone CTA is a cluster of one).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// Arrives on the mbarrier at `bar`'s offset in CTA `rank` of the cluster
-// (mapa + mbarrier.arrive.release.cluster.shared::cluster).
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(smem_u32(bar)),
-      "r"(rank)
-      : "memory");
 }
 
 // ---- fences and barriers ----

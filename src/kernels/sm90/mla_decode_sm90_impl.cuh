@@ -16,22 +16,8 @@ cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensor
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSm90SmemBytes);
   if (err != cudaSuccess) return err;
   const int row_tiles = (params.rows + C::kRows - 1) / C::kRows;
-  // Pairs of row tiles share their cache tiles through a cluster of 2 (TMA multicast).
-  const int cluster_size = row_tiles % 2 == 0 ? 2 : 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(row_tiles, params.h_kv, params.num_parts);
-  config.blockDim = dim3(C::kThreads);
-  config.dynamicSmemBytes = sm90::kSm90SmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = cluster_size;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, kernel, params, kv_map, box_rows, cluster_size);
-  if (err != cudaSuccess) return err;
+  dim3 grid(row_tiles, params.h_kv, params.num_parts);
+  kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, kv_map, box_rows);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return launch_mla_decode_combine<Elem>(params, stream);

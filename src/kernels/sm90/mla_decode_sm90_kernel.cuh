@@ -3,9 +3,6 @@
 // Grid (row tiles, h_kv, num_parts), 384 threads, 1 CTA per SM. A CTA owns kRows = 64 query
 // rows of one kv head (one wgmma M) and walks the (sequence, key block) range of its part,
 // like the portable kernel, writing final or partial results for the combine kernel.
-// With an even number of row tiles, pairs of row tiles form a cluster of 2 that walks the
-// same tiles: each CTA loads half of every tile's slabs and multicasts them to both, halving
-// the L2 -> SM traffic and reading each cache tile once per pair.
 //
 // Warp roles (warpgroup = 128 threads):
 //   WG0, warp 0  producer: block-table lookups (one lane per TMA box) and TMA loads of 64-key
@@ -20,10 +17,8 @@
 //   row max of the half -> exchange (smem + named barrier 1) -> P_w = exp2(S - m) written to
 //   the shared P tile (128B-swizzled) -> fence.proxy.async + named barrier 2 -> O_w *= alpha
 //   -> O_w += P V_w -> wait -> arrive empty[s].
-// Barrier protocol: full[s] (count 1: producer arrive + TMA bytes via expect_tx per box, the
-// whole box even where peers deliver part of it), empty[s] (count 2 x cluster size: one
-// thread per consumer warpgroup of every CTA of the cluster after its P.V finished, since
-// every producer writes into every CTA's stage). Consumers
+// Barrier protocol: full[s] (count 1: producer arrive + TMA bytes via expect_tx per box),
+// empty[s] (count 2: one thread per consumer warpgroup after its P.V finished). Consumers
 // start waiting full with parity 0, the producer waits empty with parity 1 (first lap passes).
 //
 // Shared memory (1024-aligned, 128B swizzle everywhere):
@@ -90,22 +85,12 @@ struct Sm90DecodeSmem {
 inline constexpr int kSm90SmemBytes = sizeof(Sm90DecodeSmem) + 1024;  // + alignment slack
 static_assert(kSm90SmemBytes <= 232448, "fits the 227 KB opt-in shared memory of sm90");
 
-// The CTAs of a cluster (consecutive row tiles of one kv head and part) share every cache
-// tile: each loads a share of the slabs and multicasts it to all. `rank` and `size` describe
-// this CTA's place in it (size 1: no cluster).
-struct ClusterShape {
-  uint32_t rank;
-  uint32_t size;
-  __device__ uint32_t first_tile() const { return blockIdx.x - rank; }
-};
-
-// Number of 64-key tiles a segment needs, for the rows of the whole cluster: producers and
-// consumers of every CTA of the cluster must agree exactly (with causal masking a later row
-// tile may see more keys; the extra tiles of an earlier one are fully masked).
-__device__ __forceinline__ int segment_tiles(const MlaDecodeParams& p, int hk, const ClusterShape& cluster, int L,
+// Number of 64-key tiles a segment needs for this CTA's rows (producer and consumers must
+// agree exactly).
+__device__ __forceinline__ int segment_tiles(const MlaDecodeParams& p, int hk, int tile, int L,
                                              int key_begin, int key_end) {
   using C = Sm90DecodeConfig;
-  const int end = tile_keys_end(p, hk, cluster.first_tile() * C::kRows, cluster.size * C::kRows, L, key_end);
+  const int end = tile_keys_end(p, hk, tile * C::kRows, C::kRows, L, key_end);
   return end > key_begin ? (end - key_begin + C::kKeys - 1) / C::kKeys : 0;
 }
 
@@ -113,18 +98,17 @@ __device__ __forceinline__ int segment_tiles(const MlaDecodeParams& p, int hk, c
 // Producer: warp 0 of warpgroup 0.
 // ---------------------------------------------------------------------------------------
 __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensorMap& kv_map,
-                                        int box_rows, const ClusterShape& cluster, Sm90DecodeSmem& sm) {
+                                        int box_rows, Sm90DecodeSmem& sm) {
   using C = Sm90DecodeConfig;
   const int lane = threadIdx.x % 32;
-  const int hk = blockIdx.y;
-  const uint16_t all_ctas = static_cast<uint16_t>((1u << cluster.size) - 1);
+  const int hk = blockIdx.y, tile = blockIdx.x;
   const int boxes = C::kKeys / box_rows;
   const uint32_t box_bytes = static_cast<uint32_t>(box_rows) * 128 * C::kSlabs;
   if (lane == 0) dev::tma_prefetch_descriptor(&kv_map);
   int stage = 0;
   uint32_t phase = 0;
   for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int) {
-    const int tiles = segment_tiles(p, hk, cluster, L, key_begin, key_end);
+    const int tiles = segment_tiles(p, hk, tile, L, key_begin, key_end);
     // Lane j looks up box j of a tile; entries past the segment are never read.
     auto lookup = [&](int tile_start, int32_t* block, bool* bad) {
       const int key0 = tile_start + lane * box_rows;
@@ -151,17 +135,11 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
         const bool v = __shfl_sync(0xffffffffu, valid, j);
         if (lane == 0 && v) {
           const int row_in_page = (tile_start + j * box_rows) % p.page_size;
-          // Every CTA expects the whole box; it loads slabs rank, rank + size, ... itself and
-          // receives the others from its peers.
           dev::mbarrier_expect_tx(&sm.full[stage], box_bytes);
-          for (int s = cluster.rank; s < C::kSlabs; s += cluster.size) {
-            uint8_t* dst = &sm.kv[stage][s][j * box_rows * 128];
-            if (cluster.size == 1) {
-              dev::tma_load_4d(dst, &kv_map, &sm.full[stage], s * C::kSlabCols, hk, row_in_page, b);
-            } else {
-              dev::tma_load_4d_multicast(dst, &kv_map, &sm.full[stage], all_ctas, s * C::kSlabCols, hk,
-                                         row_in_page, b);
-            }
+#pragma unroll
+          for (int s = 0; s < C::kSlabs; ++s) {
+            dev::tma_load_4d(&sm.kv[stage][s][j * box_rows * 128], &kv_map, &sm.full[stage],
+                             s * C::kSlabCols, hk, row_in_page, b);
           }
         }
       }
@@ -184,8 +162,8 @@ class Sm90Consumer {
   using Ops = device::ElemOps<Elem>;
 
  public:
-  __device__ Sm90Consumer(const MlaDecodeParams& p, const ClusterShape& cluster, Sm90DecodeSmem& sm)
-      : p_(p), cluster_(cluster), sm_(sm), w_(threadIdx.x / 128 - 1), t_(threadIdx.x - 128), lane_(threadIdx.x % 32),
+  __device__ Sm90Consumer(const MlaDecodeParams& p, Sm90DecodeSmem& sm)
+      : p_(p), sm_(sm), w_(threadIdx.x / 128 - 1), t_(threadIdx.x - 128), lane_(threadIdx.x % 32),
         r0_(16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4), hk_(blockIdx.y), tile_(blockIdx.x) {}
 
   __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split) {
@@ -195,7 +173,7 @@ class Sm90Consumer {
     for (int j = 0; j < 128; ++j) o_[j] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     bool bad = false;
-    const int tiles = segment_tiles(p_, hk_, cluster_, L, key_begin, key_end);
+    const int tiles = segment_tiles(p_, hk_, tile_, L, key_begin, key_end);
     // A stage is held only from its S to its P.V: with two stages, the load of tile i+2
     // overlaps the whole of tile i+1. (Issuing S(i+1) before the softmax of tile i holds both
     // stages at once and exposed the full load latency: measured slower on H100/H200.)
@@ -210,7 +188,7 @@ class Sm90Consumer {
       issue_values();
       dev::wgmma_wait<0>();
       dev::fence_registers(o_);
-      if (t_ % 128 == 0) release_stage(stage_);
+      if (t_ % 128 == 0) dev::mbarrier_arrive(&sm_.empty[stage_]);
       stage_ ^= 1;
       phase_ ^= stage_ == 0 ? 1u : 0u;
     }
@@ -257,18 +235,6 @@ class Sm90Consumer {
     }
     dev::fence_proxy_async_smem();
     dev::named_barrier_sync(C::kBarExchange, C::kConsumerThreads);
-  }
-
-  // Tells every producer of the cluster that this warpgroup is done with the stage (each of
-  // them multicasts into this CTA's copy).
-  __device__ void release_stage(int stage) {
-    for (uint32_t r = 0; r < cluster_.size; ++r) {
-      if (r == cluster_.rank) {
-        dev::mbarrier_arrive(&sm_.empty[stage]);
-      } else {
-        dev::mbarrier_arrive_cluster(&sm_.empty[stage], r);
-      }
-    }
   }
 
   // Waits for a stage's tile, zeroes its rows past the segment; returns its bad flag.
@@ -410,7 +376,6 @@ class Sm90Consumer {
   }
 
   const MlaDecodeParams& p_;
-  const ClusterShape cluster_;
   Sm90DecodeSmem& sm_;
   const int w_, t_, lane_, r0_, hk_, tile_;
   int stage_ = 0;
@@ -421,33 +386,29 @@ class Sm90Consumer {
 template <typename Elem>
 __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     mla_decode_sm90_kernel(const __grid_constant__ MlaDecodeParams p, const __grid_constant__ CUtensorMap kv_map,
-                           const int box_rows, const int cluster_size) {
+                           const int box_rows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Sm90DecodeConfig;
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Sm90DecodeSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const ClusterShape cluster{dev::cluster_ctarank(), static_cast<uint32_t>(cluster_size)};
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       dev::mbarrier_init(&sm.full[s], 1);
-      dev::mbarrier_init(&sm.empty[s], 2 * cluster_size);  // both consumer WGs of every CTA
+      dev::mbarrier_init(&sm.empty[s], 2);
     }
     dev::fence_mbarrier_init();
   }
-  // Peers multicast into this CTA and arrive on its barriers: all inits first.
-  dev::cluster_sync();
+  __syncthreads();
   if (threadIdx.x < 128) {
     dev::setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x < 32) produce(p, kv_map, box_rows, cluster, sm);
+    if (threadIdx.x < 32) produce(p, kv_map, box_rows, sm);
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Sm90Consumer<Elem> consumer(p, cluster, sm);
+    Sm90Consumer<Elem> consumer(p, sm);
     for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int split) {
       consumer.run_segment(seq, L, key_begin, key_end, split);
     });
   }
-  // No CTA leaves while a peer may still arrive on its barriers.
-  dev::cluster_sync();
 #endif
 }
 
