@@ -36,10 +36,9 @@ note "build: ok ($(( $(date +%s) - start )) s)"
 
 # SASS: the matrix instructions present, and no local-memory traffic in the kernels.
 cuobjdump --dump-sass "$build/libmlakit.so" >"$OUT/sass.txt" 2>&1
-{
-  echo "sass: HMMA $(grep -c HMMA "$OUT/sass.txt") HGMMA $(grep -c HGMMA "$OUT/sass.txt")" \
-       "LDL $(grep -c 'LDL' "$OUT/sass.txt") STL $(grep -c 'STL' "$OUT/sass.txt")"
-} | tee -a "$summary"
+awk '/Function :/{f=$3} /HGMMA/{g[f]++} /HMMA/{h[f]++} /LDL|STL/{l[f]++}
+     END{for(k in g) print "sass: HGMMA " g[k] " " k; for(k in h) print "sass: HMMA " h[k] " " k;
+         for(k in l) print "sass: LDL/STL " l[k] " " k}' "$OUT/sass.txt" | sed 's/_ZN6mlakit6detail//' | tee -a "$summary"
 gzip -f "$OUT/sass.txt"
 
 if [ "$run_tests" = 1 ]; then

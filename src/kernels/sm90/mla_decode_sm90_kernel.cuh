@@ -130,19 +130,17 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
       bool valid = lookup(tile_start, &block, &bad);
       const bool any_bad = __any_sync(0xffffffffu, bad);
       dev::mbarrier_wait(&sm.empty[stage], phase ^ 1);
-      for (int j = 0; j < boxes; ++j) {
-        const int32_t b = __shfl_sync(0xffffffffu, block, j);
-        const bool v = __shfl_sync(0xffffffffu, valid, j);
-        if (lane == 0 && v) {
-          const int row_in_page = (tile_start + j * box_rows) % p.page_size;
-          dev::mbarrier_expect_tx(&sm.full[stage], box_bytes);
+      // Each lane issues its own box (16-row pages: 4 lanes at once).
+      if (valid) {
+        const int row_in_page = (tile_start + lane * box_rows) % p.page_size;
+        dev::mbarrier_expect_tx(&sm.full[stage], box_bytes);
 #pragma unroll
-          for (int s = 0; s < C::kSlabs; ++s) {
-            dev::tma_load_4d(&sm.kv[stage][s][j * box_rows * 128], &kv_map, &sm.full[stage],
-                             s * C::kSlabCols, hk, row_in_page, b);
-          }
+        for (int s = 0; s < C::kSlabs; ++s) {
+          dev::tma_load_4d(&sm.kv[stage][s][lane * box_rows * 128], &kv_map, &sm.full[stage], s * C::kSlabCols, hk,
+                           row_in_page, block);
         }
       }
+      __syncwarp();  // every expect_tx before the arrive that can complete the phase
       if (lane == 0) {
         sm.stage_bad[stage] = any_bad ? 1 : 0;
         dev::mbarrier_arrive(&sm.full[stage]);  // release: the flag is visible to the waiters
@@ -175,8 +173,8 @@ class Sm90Consumer {
     bool bad = false;
     const int tiles = segment_tiles(p_, hk_, tile_, L, key_begin, key_end);
     // A stage is held only from its S to its P.V: with two stages, the load of tile i+2
-    // overlaps the whole of tile i+1. (Issuing S(i+1) before the softmax of tile i holds both
-    // stages at once and exposed the full load latency: measured slower on H100/H200.)
+    // overlaps the whole of tile i+1. Measured alternatives (docs/kernels/mla_decode_sm90.md):
+    // S(i+1) before the softmax of tile i (slower), S(i+1) queued behind P.V(i) (no gain).
     for (int i = 0; i < tiles; ++i) {
       const int tile_start = key_begin + i * C::kKeys;
       bad |= acquire_stage(stage_, phase_, tile_start, key_end);
@@ -304,8 +302,11 @@ class Sm90Consumer {
     *l1 = *l1 * a1 + sum1;
     *m0 = n0;
     *m1 = n1;
+    // Once a row's running max settles, alpha is 1: skip the 128 multiplies (warp-uniform).
+    if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
-    for (int j = 0; j < 128; ++j) o_[j] *= ((j >> 1) & 1) ? a1 : a0;
+      for (int j = 0; j < 128; ++j) o_[j] *= ((j >> 1) & 1) ? a1 : a0;
+    }
     dev::fence_proxy_async_smem();
     dev::named_barrier_sync(C::kBarPReady, C::kConsumerThreads);
   }
