@@ -1,0 +1,223 @@
+// GPU unit tests of the Hopper primitive layer (src/device/sm90) against plain CPU loops:
+// wgmma SS forms with 128B-swizzled descriptors (K-major and N-major B), TMA loads of a paged
+// cache through the kernels' tensor map with mbarrier completion, named barriers and
+// setmaxnreg. Each kernel is compiled for sm_90a only; the tests skip on other GPUs.
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "device/sm90/sync.cuh"
+#include "device/sm90/wgmma.cuh"
+#include "gpu_test_util.h"
+#include "kernels/sm90/launch.h"
+#include "reference/host_numeric.h"
+
+namespace mlakit::testing {
+
+// Byte offset of element (r, c) of a [rows][64] 16-bit slab in the 128-byte swizzle
+// (HOPPER_NOTES section 3): 16-byte chunk c/8 of row r moves to chunk (c/8) ^ (r % 8).
+__host__ __device__ inline int sw128_offset(int r, int c) { return r * 128 + ((2 * c) ^ ((r & 7) << 4)); }
+
+namespace {
+
+namespace dev = mlakit::device::sm90;
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SM90_KERNEL_BODY 1
+#else
+#define SM90_KERNEL_BODY 0
+#endif
+
+#define SKIP_WITHOUT_HOPPER()                                              \
+  do {                                                                     \
+    MLAKIT_SKIP_WITHOUT_GPU();                                             \
+    if (!is_hopper()) GTEST_SKIP() << "needs a compute capability 9.0 GPU"; \
+  } while (0)
+
+
+std::vector<uint16_t> random_bf16(std::size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = host::float_to_bf16(dist(rng));
+  return v;
+}
+
+// ---- wgmma m64n32k16, A and B K-major: D[64][32] = A[64][64] * B[32][64]^T ----
+
+__global__ void wgmma_n32_kernel(const uint16_t* a, const uint16_t* b, float* d) {
+#if SM90_KERNEL_BODY
+  __shared__ __align__(1024) uint8_t sa[64 * 128];
+  __shared__ __align__(1024) uint8_t sb[32 * 128];
+  const int t = threadIdx.x;
+  for (int i = t; i < 64 * 64; i += 128) *reinterpret_cast<uint16_t*>(&sa[sw128_offset(i / 64, i % 64)]) = a[i];
+  for (int i = t; i < 32 * 64; i += 128) *reinterpret_cast<uint16_t*>(&sb[sw128_offset(i / 64, i % 64)]) = b[i];
+  dev::fence_proxy_async_smem();
+  __syncthreads();
+  float acc[16];
+  dev::wgmma_fence();
+  for (int kk = 0; kk < 4; ++kk) {
+    dev::wgmma_m64n32k16_bf16<0>(acc, dev::make_sw128_desc(dev::smem_u32(sa) + 32 * kk, 16, 1024),
+                                 dev::make_sw128_desc(dev::smem_u32(sb) + 32 * kk, 16, 1024), kk > 0);
+  }
+  dev::wgmma_commit();
+  dev::wgmma_wait<0>();
+  dev::fence_registers(acc);
+  const int w = t / 32, l = t % 32;
+  for (int i = 0; i < 16; ++i) {
+    const int row = 16 * w + l / 4 + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * (l % 4) + (i & 1);
+    d[row * 32 + col] = acc[i];
+  }
+#endif
+}
+
+TEST(Sm90Primitives, WgmmaM64N32K16KMajorMatchesCpu) {
+  SKIP_WITHOUT_HOPPER();
+  const auto a = random_bf16(64 * 64, 1), b = random_bf16(32 * 64, 2);
+  DeviceBuffer da(a), db(b), dd(64 * 32 * 4);
+  wgmma_n32_kernel<<<1, 128>>>(static_cast<uint16_t*>(da.get()), static_cast<uint16_t*>(db.get()),
+                               static_cast<float*>(dd.get()));
+  MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto d = dd.download<float>();
+  for (int r = 0; r < 64; ++r) {
+    for (int c = 0; c < 32; ++c) {
+      double ref = 0;
+      for (int k = 0; k < 64; ++k) ref += double(host::bf16_to_float(a[r * 64 + k])) * host::bf16_to_float(b[c * 64 + k]);
+      ASSERT_NEAR(d[r * 32 + c], ref, 1e-4 + 1e-5 * std::fabs(ref)) << "row " << r << " col " << c;
+    }
+  }
+}
+
+// ---- wgmma m64n256k16, B N-major (V as [keys][d]): D[64][256] = P[64][64] * V[64][256] ----
+// V is stored as 4 slabs of [64 keys][64 d], LBO = 8192 (next 64 d), SBO = 1024 (next 8 keys).
+
+__global__ void wgmma_n256_kernel(const uint16_t* p, const uint16_t* v, float* d) {
+#if SM90_KERNEL_BODY
+  extern __shared__ uint8_t raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+  uint8_t* sp = base;             // 8 KB
+  uint8_t* sv = base + 64 * 128;  // 4 x 8 KB
+  const int t = threadIdx.x;
+  for (int i = t; i < 64 * 64; i += 128) *reinterpret_cast<uint16_t*>(&sp[sw128_offset(i / 64, i % 64)]) = p[i];
+  for (int i = t; i < 64 * 256; i += 128) {
+    const int key = i / 256, col = i % 256;
+    *reinterpret_cast<uint16_t*>(&sv[(col / 64) * 8192 + sw128_offset(key, col % 64)]) = v[i];
+  }
+  dev::fence_proxy_async_smem();
+  __syncthreads();
+  float acc[128];
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  dev::wgmma_fence();
+  for (int kk = 0; kk < 4; ++kk) {
+    dev::wgmma_m64n256k16_bf16<1>(acc, dev::make_sw128_desc(dev::smem_u32(sp) + 32 * kk, 16, 1024),
+                                  dev::make_sw128_desc(dev::smem_u32(sv) + 2048 * kk, 8192, 1024), true);
+  }
+  dev::wgmma_commit();
+  dev::wgmma_wait<0>();
+  dev::fence_registers(acc);
+  const int w = t / 32, l = t % 32;
+  for (int i = 0; i < 128; ++i) {
+    const int row = 16 * w + l / 4 + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * (l % 4) + (i & 1);
+    d[row * 256 + col] = acc[i];
+  }
+#endif
+}
+
+TEST(Sm90Primitives, WgmmaM64N256K16NMajorBMatchesCpu) {
+  SKIP_WITHOUT_HOPPER();
+  const auto p = random_bf16(64 * 64, 3), v = random_bf16(64 * 256, 4);
+  DeviceBuffer dp(p), dv(v), dd(64 * 256 * 4);
+  constexpr int kSmem = 5 * 8192 + 1024;
+  MLAKIT_ASSERT_CUDA(cudaFuncSetAttribute(wgmma_n256_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  wgmma_n256_kernel<<<1, 128, kSmem>>>(static_cast<uint16_t*>(dp.get()), static_cast<uint16_t*>(dv.get()),
+                                       static_cast<float*>(dd.get()));
+  MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto d = dd.download<float>();
+  for (int r = 0; r < 64; ++r) {
+    for (int c = 0; c < 256; ++c) {
+      double ref = 0;
+      for (int k = 0; k < 64; ++k) ref += double(host::bf16_to_float(p[r * 64 + k])) * host::bf16_to_float(v[k * 256 + c]);
+      ASSERT_NEAR(d[r * 256 + c], ref, 1e-4 + 1e-5 * std::fabs(ref)) << "row " << r << " col " << c;
+    }
+  }
+}
+
+// ---- TMA 4D load of a paged cache + mbarrier completion ----
+// Cache [blocks 5][page 16][h_kv 2][576] bf16; four 16-row boxes of head 1, columns 64..127,
+// from physical blocks {3, 0, 4, 1}, stacked into one [64][64] swizzled slab.
+
+__global__ void tma_paged_kernel(const __grid_constant__ CUtensorMap map, uint16_t* out) {
+#if SM90_KERNEL_BODY
+  __shared__ __align__(1024) uint8_t slab[64 * 128];
+  __shared__ uint64_t full;
+  const int blocks[4] = {3, 0, 4, 1};
+  if (threadIdx.x == 0) {
+    dev::mbarrier_init(&full, 1);
+    dev::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    dev::mbarrier_expect_tx(&full, 4 * 16 * 128);
+    for (int j = 0; j < 4; ++j) dev::tma_load_4d(&slab[j * 16 * 128], &map, &full, 64, 1, 0, blocks[j]);
+    dev::mbarrier_arrive(&full);
+  }
+  dev::mbarrier_wait(&full, 0);
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+    out[i] = *reinterpret_cast<const uint16_t*>(&slab[sw128_offset(i / 64, i % 64)]);
+  }
+#endif
+}
+
+TEST(Sm90Primitives, TmaPagedLoadCompletesOnMbarrierInSwizzledLayout) {
+  SKIP_WITHOUT_HOPPER();
+  constexpr int kBlocks = 5, kPage = 16, kHeads = 2, kD = 576;
+  const auto cache = random_bf16(std::size_t{kBlocks} * kPage * kHeads * kD, 5);
+  DeviceBuffer dc(cache), dout(64 * 64 * 2);
+  const TensorRef ref = make_tensor(dc.get(), DType::kBF16, {kBlocks, kPage, kHeads, kD});
+  CUtensorMap map;
+  std::string why;
+  ASSERT_TRUE(detail::make_kv_tensor_map(ref, kPage, &map, &why)) << why;
+  tma_paged_kernel<<<1, 128>>>(map, static_cast<uint16_t*>(dout.get()));
+  MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto out = dout.download<uint16_t>();
+  const int blocks[4] = {3, 0, 4, 1};
+  for (int r = 0; r < 64; ++r) {
+    for (int c = 0; c < 64; ++c) {
+      const std::size_t src = ((std::size_t(blocks[r / 16]) * kPage + r % 16) * kHeads + 1) * kD + 64 + c;
+      ASSERT_EQ(out[r * 64 + c], cache[src]) << "row " << r << " col " << c;
+    }
+  }
+}
+
+// ---- named barriers between two warpgroups after setmaxnreg ----
+
+__global__ void __launch_bounds__(384, 1) named_barrier_kernel(int* out) {
+#if SM90_KERNEL_BODY
+  __shared__ int value[256];
+  if (threadIdx.x < 128) {
+    dev::setmaxnreg_dec<40>();
+  } else {
+    dev::setmaxnreg_inc<232>();
+    const int t = threadIdx.x - 128;
+    value[t] = 1000 + t;
+    dev::named_barrier_sync(1, 256);  // the producer warpgroup does not take part
+    out[t] = value[(t + 128) % 256];  // the other consumer warpgroup's value
+  }
+#endif
+}
+
+TEST(Sm90Primitives, NamedBarrierSyncsTwoWarpgroupsAfterSetmaxnreg) {
+  SKIP_WITHOUT_HOPPER();
+  DeviceBuffer dout(256 * 4);
+  dout.fill32(0);
+  named_barrier_kernel<<<1, 384>>>(static_cast<int*>(dout.get()));
+  MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto out = dout.download<int>();
+  for (int t = 0; t < 256; ++t) ASSERT_EQ(out[t], 1000 + (t + 128) % 256) << "thread " << t;
+}
+
+}  // namespace
+}  // namespace mlakit::testing
