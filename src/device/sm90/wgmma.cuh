@@ -24,6 +24,11 @@ __device__ __forceinline__ uint64_t make_sw128_desc(uint32_t smem_addr, uint32_t
   return desc;
 }
 
+// The same descriptor with its start address moved by `bytes` (a multiple of 16). Shared
+// addresses stay below 2^18, so the 14-bit field never carries into its neighbours and the
+// move is one 64-bit add: the descriptor of every k-step derives from one base.
+__device__ __forceinline__ uint64_t advance_desc(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 // wgmma.fence.sync.aligned: orders register accesses before the next wgmma (9.7.15.7.1).
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 // wgmma.commit_group.sync.aligned (9.7.15.7.2).

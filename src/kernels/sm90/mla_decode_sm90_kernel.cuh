@@ -246,14 +246,15 @@ class Sm90Consumer {
   // Issues S_w = Q K[32w .. 32w+31]^T over d_qk (K-major A and B, 128B swizzle, SBO 1024)
   // as one committed group.
   __device__ void issue_scores(float (&s)[16], int stage) {
-    const uint32_t q_base = dev::smem_u32(&sm_.q[0][0]);
-    const uint32_t k_base = dev::smem_u32(&sm_.kv[stage][0][0]) + C::kSKeysPerConsumer * 128 * w_;
+    const uint64_t q_desc = dev::make_sw128_desc(dev::smem_u32(&sm_.q[0][0]), 16, 1024);
+    const uint64_t k_desc =
+        dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage][0][0]) + C::kSKeysPerConsumer * 128 * w_, 16, 1024);
     dev::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kQkSteps; ++kk) {
       const uint32_t offset = (kk / 4) * C::kSlabBytes + (kk % 4) * 32;
-      dev::Wgmma<32, Elem>::template run<0>(s, dev::make_sw128_desc(q_base + offset, 16, 1024),
-                                            dev::make_sw128_desc(k_base + offset, 16, 1024), kk > 0);
+      dev::Wgmma<32, Elem>::template run<0>(s, dev::advance_desc(q_desc, offset), dev::advance_desc(k_desc, offset),
+                                            kk > 0);
     }
     dev::wgmma_commit();
   }
@@ -284,15 +285,15 @@ class Sm90Consumer {
     const float n0 = fmaxf(*m0, fmaxf(mx0, sm_.row_max[1 - w_][r0_]));
     const float n1 = fmaxf(*m1, fmaxf(mx1, sm_.row_max[1 - w_][r0_ + 8]));
     // A row with no visible key so far keeps max -inf: P = 0, O unchanged.
-    const float a0 = n0 == -INFINITY ? 1.f : exp2f(*m0 - n0);
-    const float a1 = n1 == -INFINITY ? 1.f : exp2f(*m1 - n1);
+    const float a0 = n0 == -INFINITY ? 1.f : device::fast_exp2(*m0 - n0);
+    const float a1 = n1 == -INFINITY ? 1.f : device::fast_exp2(*m1 - n1);
     float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
     for (int i = 0; i < 16; i += 2) {
       const bool hi = (i >> 1) & 1;
       const float n = hi ? n1 : n0;
-      const float e0 = n == -INFINITY ? 0.f : exp2f(s[i] - n);
-      const float e1 = n == -INFINITY ? 0.f : exp2f(s[i + 1] - n);
+      const float e0 = n == -INFINITY ? 0.f : device::fast_exp2(s[i] - n);
+      const float e1 = n == -INFINITY ? 0.f : device::fast_exp2(s[i + 1] - n);
       (hi ? sum1 : sum0) += e0 + e1;
       const int r = r0_ + (hi ? 8 : 0);
       const int col = col_base + 8 * (i >> 2);
@@ -313,13 +314,12 @@ class Sm90Consumer {
 
   // Issues O_w += P (64 x 64, K-major) V[:, 256w ..] (V N-major: LBO = slab, SBO = 8 keys).
   __device__ void issue_values() {
-    const uint32_t p_base = dev::smem_u32(&sm_.p[0]);
-    const uint32_t v_base = dev::smem_u32(&sm_.kv[stage_][4 * w_][0]);
+    const uint64_t p_desc = dev::make_sw128_desc(dev::smem_u32(&sm_.p[0]), 16, 1024);
+    const uint64_t v_desc = dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage_][4 * w_][0]), C::kSlabBytes, 1024);
     dev::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kPvSteps; ++kk) {
-      dev::Wgmma<256, Elem>::template run<1>(o_, dev::make_sw128_desc(p_base + kk * 32, 16, 1024),
-                                             dev::make_sw128_desc(v_base + kk * 16 * 128, C::kSlabBytes, 1024),
+      dev::Wgmma<256, Elem>::template run<1>(o_, dev::advance_desc(p_desc, kk * 32), dev::advance_desc(v_desc, kk * 16 * 128),
                                              true);
     }
     dev::wgmma_commit();
