@@ -8,6 +8,7 @@
 
 #include "bench/check.h"
 #include "support/gpu_timing.h"
+#include "dispatch/mla_decode_dispatch.h"
 #include "mlakit/mla_decode.h"
 #include "support/decode_case.h"
 
@@ -129,6 +130,11 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
   });
   const auto decode_us = support::time_rounds(s.stream, s.warmup, s.runs, flush,
                                      [&] { BENCH_STATUS(mla_decode(args, plan, s.stream)); });
+  // The combine kernel alone (part of decode_us), for the plan + combine share of a step.
+  const auto combine_us = support::time_rounds(s.stream, s.warmup, s.runs, flush, [&] {
+    BENCH_STATUS(detail::dispatch_mla_decode_combine(args, plan, s.stream));
+  });
+  // The combine rewrote the outputs from the last decode's partials: still a valid result.
 
   // Cheap sanity check (accuracy is tested elsewhere): every length is >= s_q >= 1, so every
   // row attends at least one key and its lse is finite.
@@ -149,6 +155,7 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
   r.mean_s_k = std::accumulate(c.seqlens.begin(), c.seqlens.end(), 0.0) / static_cast<double>(c.b);
   r.time_us = support::median(decode_us);
   r.plan_us = support::median(plan_us);
+  r.combine_us = support::median(combine_us);
   r.flops = support::decode_flops(c);
   r.bytes = support::decode_bytes(c);
   r.tflops = r.flops / (r.time_us * 1e-6) / 1e12;

@@ -37,6 +37,7 @@ struct DecodeResult {
   double mean_s_k = 0;  // mean of the actual lengths
   double time_us = 0;   // median of mla_decode (attention + combine)
   double plan_us = 0;   // median of mla_decode_plan, timed on its own
+  double combine_us = 0;  // median of the combine kernel alone (included in time_us)
   double flops = 0;     // PERF.md counting (support::decode_flops)
   double bytes = 0;     // PERF.md counting (support::decode_bytes)
   double tflops = 0;

@@ -43,11 +43,11 @@ Status dispatch_decode_plan(const MlaDecodePlan& plan, const int32_t* cache_seql
                          region<PartRange>(plan, plan.part_ranges_offset), stream));
 }
 
-Status dispatch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float softmax_scale,
-                           cudaStream_t stream) {
+// Kernel parameters of validated arguments and their plan.
+static MlaDecodeParams make_decode_params(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float softmax_scale) {
   const MlaDecodeProblem& pr = plan.problem;
   const int heads_per_kv = pr.h_q / pr.h_kv;
-  const MlaDecodeParams params{
+  return MlaDecodeParams{
       .q = a.q.data,
       .kv = a.kv_cache.data,
       .block_table = static_cast<const int32_t*>(a.block_table.data),
@@ -86,9 +86,14 @@ Status dispatch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, fl
       .scale_log2 = softmax_scale * 1.4426950408889634f,
       .causal = a.causal && pr.s_q > 1,
   };
+}
+
+Status dispatch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float softmax_scale,
+                           cudaStream_t stream) {
   if (a.q.dtype != DType::kBF16 && a.q.dtype != DType::kFP16) {
     return Status(StatusCode::kUnsupported, "mla_decode: q.dtype: expected bf16 or fp16");
   }
+  const MlaDecodeParams params = make_decode_params(a, plan, softmax_scale);
   const bool bf16 = a.q.dtype == DType::kBF16;
   // The Hopper kernel tiles pages that are multiples of 64, or 16 / 32; the portable kernel
   // runs any page size with the same plan (the schedule does not depend on the tiling).
@@ -103,6 +108,13 @@ Status dispatch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, fl
   }
   return cuda_status("mla_decode", bf16 ? launch_mla_decode_portable<__nv_bfloat16>(params, stream)
                                         : launch_mla_decode_portable<__half>(params, stream));
+}
+
+Status dispatch_mla_decode_combine(const MlaDecodeArgs& a, const MlaDecodePlan& plan, cudaStream_t stream) {
+  const MlaDecodeParams params = make_decode_params(a, plan, 1.0f);
+  return cuda_status("mla_decode_combine", a.q.dtype == DType::kBF16
+                                               ? launch_mla_decode_combine<__nv_bfloat16>(params, stream)
+                                               : launch_mla_decode_combine<__half>(params, stream));
 }
 
 }  // namespace mlakit::detail

@@ -14,4 +14,10 @@ Status dispatch_decode_plan(const MlaDecodePlan& plan, const int32_t* cache_seql
 Status dispatch_mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan,
                            float softmax_scale, cudaStream_t stream);
 
+// The combine step alone (it rewrites the outputs of split and empty sequences from the
+// partial results in the workspace): the benchmark times it to report the plan + combine
+// share of a decoding step.
+Status dispatch_mla_decode_combine(const MlaDecodeArgs& args, const MlaDecodePlan& plan,
+                                   cudaStream_t stream);
+
 }  // namespace mlakit::detail
