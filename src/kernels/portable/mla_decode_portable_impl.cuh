@@ -25,7 +25,9 @@ cudaError_t launch_mla_decode_portable(const MlaDecodeParams& params, cudaStream
 
 template <typename Elem>
 cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream) {
-  dim3 grid(static_cast<unsigned>(params.b), params.h_kv);
+  using C = portable::CombineConfig;
+  const int row_groups = min((params.rows + C::kWarps - 1) / C::kWarps, C::kMaxRowGroups);
+  dim3 grid(static_cast<unsigned>(params.b), params.h_kv, row_groups);
   portable::mla_decode_combine_kernel<Elem><<<grid, portable::CombineConfig::kThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
