@@ -2,12 +2,12 @@
 // for obviousness (one query row at a time), parallel over sequences.
 #include <algorithm>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "host/mla_decode_validate.h"
 #include "mlakit/reference.h"
 #include "reference/host_numeric.h"
+#include "reference/parallel.h"
 
 namespace mlakit::reference {
 namespace {
@@ -90,15 +90,7 @@ Status mla_decode(const MlaDecodeArgs& args, int num_threads) {
   MLAKIT_RETURN_IF_ERROR(detail::validate_mla_decode_args("reference::mla_decode", args, &p,
                                                            /*allow_float_out=*/true));
   const double scale = detail::resolve_softmax_scale(args.softmax_scale, p.d_qk);
-  int threads = num_threads > 0 ? num_threads : static_cast<int>(std::thread::hardware_concurrency());
-  threads = static_cast<int>(std::clamp<int64_t>(threads, 1, p.b));
-  std::vector<std::thread> pool;
-  for (int w = 0; w < threads; ++w) {
-    pool.emplace_back([&, w] {
-      for (int64_t seq = w; seq < p.b; seq += threads) decode_sequence(args, p, scale, seq);
-    });
-  }
-  for (auto& th : pool) th.join();
+  parallel_for(p.b, num_threads, [&](int64_t seq) { decode_sequence(args, p, scale, seq); });
   return Status::ok();
 }
 

@@ -1,0 +1,31 @@
+// Token-sparse MLA decode over the FP8-with-scale cache (SPEC section 2), DeepSeek-V3.2's
+// sparse attention: each query row attends only to the cache tokens its indexer selected.
+// This header holds the arguments and the CPU reference; the GPU kernel follows (issue 4).
+#pragma once
+
+#include "mlakit/mla_decode.h"
+#include "mlakit/status.h"
+#include "mlakit/tensor.h"
+
+namespace mlakit {
+
+struct MlaSparseDecodeArgs {
+  TensorRef q;            // [b, s_q, h_q, 576]            bf16
+  TensorRef kv_cache;     // [num_blocks, page_size, 1, 656] FP8-with-scale bytes (uint8 / fp8_e4m3 / int8)
+  TensorRef indices;      // [b, s_q, topk]                int32: slot = block * page_size + offset;
+                          //   -1 and any slot outside [0, num_blocks * page_size) are skipped
+  TensorRef topk_length;  // optional [b] int32: only the first topk_length[i] indices of sequence i count
+  TensorRef attn_sink;    // optional [h_q] float32: out *= 1 / (1 + exp(sink - lse)), lse unchanged
+  TensorRef out;          // [b, s_q, h_q, 512]            bf16 (or float32 for the reference)
+  TensorRef lse;          // [b, h_q, s_q]                 float32, natural log
+  float softmax_scale = kDefaultSoftmaxScale;
+  bool causal = false;    // must be false (the indices already say what is visible)
+};
+
+namespace reference {
+// float64 attention over the dequantized cache (SPEC section 2). Rows with no valid index:
+// out 0, lse +inf. Duplicated indices count twice.
+Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, int num_threads = 0);
+}  // namespace reference
+
+}  // namespace mlakit

@@ -1,0 +1,106 @@
+// CPU reference of the token-sparse FP8 MLA decode: every listed cache token is dequantized
+// to bf16 exactly as the format defines (common/fp8_cache_row.h), then float64 attention.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/fp8_cache_row.h"
+#include "host/mla_decode_validate.h"
+#include "host/mla_sparse_decode_validate.h"
+#include "mlakit/mla_sparse_decode.h"
+#include "reference/host_numeric.h"
+#include "reference/parallel.h"
+
+namespace mlakit::reference {
+namespace {
+
+using detail::SparseDecodeShape;
+constexpr int kDqk = detail::kFp8NopeDim + detail::kFp8RopeDim;
+constexpr int kDv = detail::kFp8NopeDim;
+
+// The bf16 values (as doubles) of one 656-byte cache token.
+void dequantized_token(const uint8_t* token, double* out) {
+  for (int tile = 0; tile < detail::kFp8Tiles; ++tile) {
+    float scale;
+    std::memcpy(&scale, token + detail::kFp8ScaleOffset + 4 * tile, 4);
+    for (int i = 0; i < detail::kFp8Tile; ++i) {
+      const int e = tile * detail::kFp8Tile + i;
+      out[e] = host::bf16_to_float(detail::fp8_dequantize(token[e], scale));
+    }
+  }
+  uint16_t rope[detail::kFp8RopeDim];
+  std::memcpy(rope, token + detail::kFp8RopeOffset, sizeof(rope));
+  for (int i = 0; i < detail::kFp8RopeDim; ++i) out[detail::kFp8NopeDim + i] = host::bf16_to_float(rope[i]);
+}
+
+void decode_row_group(const MlaSparseDecodeArgs& a, const SparseDecodeShape& s, double scale, int64_t seq, int t) {
+  const auto* indices = static_cast<const int32_t*>(a.indices.data) + seq * a.indices.stride[0] + t * a.indices.stride[1];
+  int64_t count = s.topk;
+  if (!a.topk_length.empty()) {
+    count = std::clamp<int64_t>(static_cast<const int32_t*>(a.topk_length.data)[seq], 0, s.topk);
+  }
+  // The valid tokens of this (sequence, query token), shared by all heads; duplicates kept.
+  std::vector<double> keys;
+  const auto* cache = static_cast<const uint8_t*>(a.kv_cache.data);
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t slot = indices[k];
+    if (slot < 0 || slot >= s.num_blocks * s.page_size) continue;
+    keys.resize(keys.size() + kDqk);
+    dequantized_token(cache + (slot / s.page_size) * a.kv_cache.stride[0] + (slot % s.page_size) * a.kv_cache.stride[1],
+                      keys.data() + keys.size() - kDqk);
+  }
+  const int64_t n = static_cast<int64_t>(keys.size()) / kDqk;
+  auto* lse_out = static_cast<float*>(a.lse.data);
+  for (int h = 0; h < s.h_q; ++h) {
+    std::vector<double> out(kDv, 0.0);
+    double lse = INFINITY;
+    if (n > 0) {
+      const int64_t q_base = seq * a.q.stride[0] + t * a.q.stride[1] + h * a.q.stride[2];
+      std::vector<double> logits(n);
+      for (int64_t j = 0; j < n; ++j) {
+        double dot = 0;
+        for (int d = 0; d < kDqk; ++d) dot += double(host::load_half(a.q.data, q_base + d, DType::kBF16)) * keys[j * kDqk + d];
+        logits[j] = dot * scale;
+      }
+      const double m = *std::max_element(logits.begin(), logits.end());
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const double w = std::exp(logits[j] - m);
+        sum += w;
+        for (int d = 0; d < kDv; ++d) out[d] += w * keys[j * kDqk + d];
+      }
+      lse = m + std::log(sum);
+      double factor = 1.0 / sum;
+      if (!a.attn_sink.empty()) {
+        const double sink = static_cast<const float*>(a.attn_sink.data)[h * a.attn_sink.stride[0]];
+        factor /= 1.0 + std::exp(sink - lse);
+      }
+      for (double& v : out) v *= factor;
+    }
+    const int64_t out_base = seq * a.out.stride[0] + t * a.out.stride[1] + h * a.out.stride[2];
+    for (int d = 0; d < kDv; ++d) {
+      if (a.out.dtype == DType::kFP32) {
+        static_cast<float*>(a.out.data)[out_base + d] = static_cast<float>(out[d]);
+      } else {
+        host::store_half(a.out.data, out_base + d, DType::kBF16, static_cast<float>(out[d]));
+      }
+    }
+    lse_out[seq * a.lse.stride[0] + h * a.lse.stride[1] + t * a.lse.stride[2]] = static_cast<float>(lse);
+  }
+}
+
+}  // namespace
+
+Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, int num_threads) {
+  SparseDecodeShape s;
+  MLAKIT_RETURN_IF_ERROR(detail::validate_mla_sparse_decode_args("reference::mla_sparse_decode_fp8", args,
+                                                                 /*allow_float_out=*/true, &s));
+  const double scale = detail::resolve_softmax_scale(args.softmax_scale, kDqk);
+  parallel_for(s.b, num_threads, [&](int64_t seq) {
+    for (int t = 0; t < s.s_q; ++t) decode_row_group(args, s, scale, seq, t);
+  });
+  return Status::ok();
+}
+
+}  // namespace mlakit::reference

@@ -1,0 +1,97 @@
+#include "host/mla_sparse_decode_validate.h"
+
+#include <cmath>
+#include <string>
+
+#include "common/fp8_cache_row.h"
+#include "host/check.h"
+
+namespace mlakit::detail {
+
+Status validate_mla_sparse_decode_args(const char* op, const MlaSparseDecodeArgs& a, bool allow_float_out,
+                                       SparseDecodeShape* shape) {
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "q", a.q));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "q", a.q, {DType::kBF16}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "q", a.q, 4));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "q", a.q, 3, "d_qk", kFp8NopeDim + kFp8RopeDim));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "q", a.q));
+  SparseDecodeShape s;
+  s.b = a.q.shape[0];
+  s.s_q = static_cast<int>(a.q.shape[1]);
+  s.h_q = static_cast<int>(a.q.shape[2]);
+  if (s.b < 1 || s.s_q < 1 || s.h_q < 1) {
+    return invalid(op, "q.shape: expected b, s_q, h_q >= 1, got " + shape_string(a.q));
+  }
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "kv_cache", a.kv_cache));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "kv_cache", a.kv_cache, {DType::kUInt8, DType::kFP8E4M3, DType::kInt8}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "kv_cache", a.kv_cache, 4));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "kv_cache", a.kv_cache, 2, "h_kv", 1));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "kv_cache", a.kv_cache, 3, "bytes per token", kFp8TokenBytes));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "kv_cache", a.kv_cache));
+  s.num_blocks = a.kv_cache.shape[0];
+  s.page_size = a.kv_cache.shape[1];
+  if (s.page_size < 1) {
+    return invalid(op, "kv_cache.shape[1] (page_block_size): expected >= 1, got " + std::to_string(s.page_size));
+  }
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "indices", a.indices));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "indices", a.indices, {DType::kInt32}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "indices", a.indices, 3));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "indices", a.indices, 0, "b", s.b));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "indices", a.indices, 1, "s_q", s.s_q));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "indices", a.indices));
+  s.topk = static_cast<int>(a.indices.shape[2]);
+  if (s.topk < 1 || a.indices.shape[2] > (1 << 20)) {
+    return invalid(op, "indices.shape[2] (topk): expected 1 <= topk <= 2^20, got " +
+                           std::to_string(a.indices.shape[2]));
+  }
+
+  if (!a.topk_length.empty()) {
+    MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "topk_length", a.topk_length));
+    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "topk_length", a.topk_length, {DType::kInt32}));
+    MLAKIT_RETURN_IF_ERROR(check_rank(op, "topk_length", a.topk_length, 1));
+    MLAKIT_RETURN_IF_ERROR(check_dim(op, "topk_length", a.topk_length, 0, "b", s.b));
+    MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "topk_length", a.topk_length));
+  }
+  if (!a.attn_sink.empty()) {
+    MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "attn_sink", a.attn_sink));
+    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "attn_sink", a.attn_sink, {DType::kFP32}));
+    MLAKIT_RETURN_IF_ERROR(check_rank(op, "attn_sink", a.attn_sink, 1));
+    MLAKIT_RETURN_IF_ERROR(check_dim(op, "attn_sink", a.attn_sink, 0, "h_q", s.h_q));
+    MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "attn_sink", a.attn_sink));
+  }
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "out", a.out));
+  if (allow_float_out) {
+    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "out", a.out, {DType::kBF16, DType::kFP32}));
+  } else {
+    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "out", a.out, {DType::kBF16}));
+  }
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "out", a.out, 4));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 0, "b", s.b));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 1, "s_q", s.s_q));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 2, "h_q", s.h_q));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 3, "d_v", kFp8NopeDim));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "out", a.out));
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "lse", a.lse));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "lse", a.lse, {DType::kFP32}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "lse", a.lse, 3));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "lse", a.lse, 0, "b", s.b));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "lse", a.lse, 1, "h_q", s.h_q));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "lse", a.lse, 2, "s_q", s.s_q));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "lse", a.lse));
+
+  if (a.causal) {
+    return invalid(op, "causal: expected false (sparse attention attends exactly the listed indices), got true");
+  }
+  if (std::isinf(a.softmax_scale)) {
+    return invalid(op, "softmax_scale: expected a finite value (or kDefaultSoftmaxScale), got " +
+                           std::to_string(a.softmax_scale));
+  }
+  *shape = s;
+  return Status::ok();
+}
+
+}  // namespace mlakit::detail

@@ -1,0 +1,23 @@
+// Validation of the sparse FP8 MLA decode arguments (shared by the reference and, later, the
+// GPU entry point).
+#pragma once
+
+#include <cstdint>
+
+#include "mlakit/mla_sparse_decode.h"
+
+namespace mlakit::detail {
+
+struct SparseDecodeShape {
+  int64_t b = 0;
+  int s_q = 0;
+  int h_q = 0;
+  int topk = 0;
+  int64_t num_blocks = 0;
+  int64_t page_size = 0;
+};
+
+Status validate_mla_sparse_decode_args(const char* op, const MlaSparseDecodeArgs& args, bool allow_float_out,
+                                       SparseDecodeShape* shape);
+
+}  // namespace mlakit::detail

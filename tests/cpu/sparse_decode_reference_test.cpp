@@ -1,0 +1,202 @@
+// CPU reference of the token-sparse FP8 MLA decode (SPEC section 2): against a naive formula
+// over the dequantized cache, against the dense reference when the indices list a whole
+// sequence, and every validation path.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cpu_test_util.h"
+#include "mlakit/fp8_cache.h"
+#include "mlakit/mla_sparse_decode.h"
+#include "mlakit/reference.h"
+#include "reference/host_numeric.h"
+
+namespace mlakit {
+namespace {
+
+struct SparseCase {
+  int64_t b, num_blocks, page;
+  int s_q, h_q, topk;
+  std::vector<uint16_t> q;            // [b, s_q, h_q, 576]
+  std::vector<uint8_t> cache;         // [num_blocks, page, 1, 656]
+  std::vector<uint16_t> dequantized;  // [num_blocks, page, 1, 576]
+  std::vector<int32_t> indices;       // [b, s_q, topk]
+};
+
+SparseCase make_case(int64_t b, int s_q, int h_q, int topk, int64_t num_blocks, int64_t page, uint64_t seed) {
+  SparseCase c{b, num_blocks, page, s_q, h_q, topk, {}, {}, {}, {}};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int64_t tokens = num_blocks * page;
+  std::vector<uint16_t> raw(tokens * 576);
+  for (auto& x : raw) x = host::float_to_bf16(std::clamp(normal(rng) * 0.1f, -1.f, 1.f));
+  c.cache.resize(tokens * 656);
+  c.dequantized.resize(tokens * 576);
+  EXPECT_TRUE(reference::quantize_mla_cache_fp8(make_tensor(raw.data(), DType::kBF16, {tokens, 576}),
+                                                make_tensor(c.cache.data(), DType::kUInt8, {tokens, 656})));
+  EXPECT_TRUE(reference::dequantize_mla_cache_fp8(make_tensor(c.cache.data(), DType::kUInt8, {tokens, 656}),
+                                                  make_tensor(c.dequantized.data(), DType::kBF16, {tokens, 576})));
+  c.q.resize(b * s_q * h_q * 576);
+  for (auto& x : c.q) x = host::float_to_bf16(std::clamp(normal(rng), -1.f, 1.f));
+  // Indices: valid slots with duplicates, -1, past the end, other negatives; row (0, 0) of
+  // every case has no valid index at all.
+  std::uniform_int_distribution<int64_t> slot(0, tokens - 1);
+  c.indices.resize(b * s_q * topk);
+  for (size_t i = 0; i < c.indices.size(); ++i) {
+    const int kind = static_cast<int>(i % 11);
+    c.indices[i] = kind == 3 ? -1 : kind == 7 ? static_cast<int32_t>(tokens + i % 5) : kind == 9 ? -7
+                 : kind == 5 && i > 0 ? c.indices[i - 1]  // duplicate of the previous entry
+                                      : static_cast<int32_t>(slot(rng));
+  }
+  for (int k = 0; k < topk; ++k) c.indices[k] = -1;
+  return c;
+}
+
+MlaSparseDecodeArgs args_of(SparseCase& c, std::vector<float>& out, std::vector<float>& lse) {
+  MlaSparseDecodeArgs a;
+  a.q = make_tensor(c.q.data(), DType::kBF16, {c.b, c.s_q, c.h_q, 576});
+  a.kv_cache = make_tensor(c.cache.data(), DType::kUInt8, {c.num_blocks, c.page, 1, 656});
+  a.indices = make_tensor(c.indices.data(), DType::kInt32, {c.b, c.s_q, c.topk});
+  out.assign(c.b * c.s_q * c.h_q * 512, NAN);
+  lse.assign(c.b * c.h_q * c.s_q, NAN);
+  a.out = make_tensor(out.data(), DType::kFP32, {c.b, c.s_q, c.h_q, 512});
+  a.lse = make_tensor(lse.data(), DType::kFP32, {c.b, c.h_q, c.s_q});
+  return a;
+}
+
+// Naive: softmax over the valid listed tokens of the dequantized cache, then the sink.
+void expect_matches_naive(const SparseCase& c, const std::vector<float>& out, const std::vector<float>& lse,
+                          const std::vector<int32_t>* topk_length, const std::vector<float>* sink, double scale) {
+  const int64_t tokens = c.num_blocks * c.page;
+  for (int64_t i = 0; i < c.b; ++i) {
+    const int64_t count = topk_length ? std::clamp<int64_t>((*topk_length)[i], 0, c.topk) : c.topk;
+    for (int t = 0; t < c.s_q; ++t) {
+      for (int h = 0; h < c.h_q; ++h) {
+        std::vector<double> z;
+        std::vector<int64_t> rows;
+        for (int64_t k = 0; k < count; ++k) {
+          const int64_t slot = c.indices[(i * c.s_q + t) * c.topk + k];
+          if (slot < 0 || slot >= tokens) continue;
+          double dot = 0;
+          for (int d = 0; d < 576; ++d) {
+            dot += double(host::bf16_to_float(c.q[((i * c.s_q + t) * c.h_q + h) * 576 + d])) *
+                   host::bf16_to_float(c.dequantized[slot * 576 + d]);
+          }
+          z.push_back(dot * scale);
+          rows.push_back(slot);
+        }
+        const float got_lse = lse[(i * c.h_q + h) * c.s_q + t];
+        const float* got = &out[((i * c.s_q + t) * c.h_q + h) * 512];
+        if (z.empty()) {
+          ASSERT_TRUE(std::isinf(got_lse) && got_lse > 0) << "row without valid index: lse " << got_lse;
+          for (int d = 0; d < 512; ++d) ASSERT_EQ(got[d], 0.f);
+          continue;
+        }
+        double m = -INFINITY, sum = 0;
+        for (double v : z) m = std::max(m, v);
+        for (double v : z) sum += std::exp(v - m);
+        const double ref_lse = m + std::log(sum);
+        ASSERT_NEAR(got_lse, ref_lse, 1e-5 * std::max(1.0, std::fabs(ref_lse)));
+        const double factor = sink ? 1.0 / (1.0 + std::exp((*sink)[h] - ref_lse)) : 1.0;
+        for (int d = 0; d < 512; ++d) {
+          double o = 0;
+          for (size_t j = 0; j < z.size(); ++j) o += std::exp(z[j] - ref_lse) * host::bf16_to_float(c.dequantized[rows[j] * 576 + d]);
+          ASSERT_NEAR(got[d], o * factor, 1e-6 + 1e-5 * std::fabs(o)) << "seq " << i << " t " << t << " h " << h << " d " << d;
+        }
+      }
+    }
+  }
+}
+
+TEST(SparseDecodeReference, MatchesNaiveFormulaWithInvalidAndDuplicateIndices) {
+  int seed = 0;
+  for (auto [b, s_q, h_q, topk, blocks, page] : std::vector<std::tuple<int, int, int, int, int, int>>{
+           {1, 1, 1, 64, 3, 53}, {3, 2, 16, 128, 4, 64}, {2, 3, 4, 64, 200, 1}}) {
+    SparseCase c = make_case(b, s_q, h_q, topk, blocks, page, ++seed);
+    std::vector<float> out, lse;
+    MlaSparseDecodeArgs a = args_of(c, out, lse);
+    ASSERT_TRUE(reference::mla_sparse_decode_fp8(a));
+    expect_matches_naive(c, out, lse, nullptr, nullptr, 1.0 / std::sqrt(576.0));
+  }
+}
+
+TEST(SparseDecodeReference, TopkLengthAndAttentionSink) {
+  SparseCase c = make_case(3, 2, 4, 64, 5, 16, 77);
+  std::vector<float> out, lse;
+  MlaSparseDecodeArgs a = args_of(c, out, lse);
+  std::vector<int32_t> topk_length = {64, 0, 17};
+  std::vector<float> sink = {-1.f, 0.f, 0.5f, 3.f};
+  a.topk_length = make_tensor(topk_length.data(), DType::kInt32, {3});
+  a.attn_sink = make_tensor(sink.data(), DType::kFP32, {4});
+  a.softmax_scale = 0.3f;
+  ASSERT_TRUE(reference::mla_sparse_decode_fp8(a));
+  expect_matches_naive(c, out, lse, &topk_length, &sink, 0.3f);
+}
+
+// Listing every position of a sequence's pages gives the dense decode of the dequantized cache.
+TEST(SparseDecodeReference, EqualsDenseDecodeWhenIndicesListTheWholeSequence) {
+  SparseCase c = make_case(2, 2, 8, 192, 6, 32, 5);
+  const int32_t lengths[2] = {150, 192};
+  std::vector<int32_t> table = {4, 1, 0, 5, 3, 2, -1, -1, 2, 3, 0, 1, 5, 4, -1, -1};  // [2, 8]
+  for (int64_t i = 0; i < 2; ++i) {
+    for (int t = 0; t < 2; ++t) {
+      for (int k = 0; k < 192; ++k) {
+        c.indices[(i * 2 + t) * 192 + k] = k < lengths[i] ? table[i * 8 + k / 32] * 32 + k % 32 : -1;
+      }
+    }
+  }
+  std::vector<float> sparse_out, sparse_lse;
+  MlaSparseDecodeArgs a = args_of(c, sparse_out, sparse_lse);
+  ASSERT_TRUE(reference::mla_sparse_decode_fp8(a));
+
+  std::vector<int32_t> seqlens(lengths, lengths + 2);
+  std::vector<float> dense_out(sparse_out.size()), dense_lse(sparse_lse.size());
+  MlaDecodeArgs d;
+  d.q = a.q;
+  d.kv_cache = make_tensor(c.dequantized.data(), DType::kBF16, {6, 32, 1, 576});
+  d.block_table = make_tensor(table.data(), DType::kInt32, {2, 8});
+  d.cache_seqlens = make_tensor(seqlens.data(), DType::kInt32, {2});
+  d.out = make_tensor(dense_out.data(), DType::kFP32, {2, 2, 8, 512});
+  d.lse = make_tensor(dense_lse.data(), DType::kFP32, {2, 8, 2});
+  ASSERT_TRUE(reference::mla_decode(d));
+  for (size_t i = 0; i < sparse_out.size(); ++i) ASSERT_NEAR(sparse_out[i], dense_out[i], 1e-6) << i;
+  for (size_t i = 0; i < sparse_lse.size(); ++i) ASSERT_NEAR(sparse_lse[i], dense_lse[i], 1e-5) << i;
+}
+
+TEST(SparseDecodeReference, ValidationErrors) {
+  SparseCase c = make_case(2, 1, 4, 64, 2, 16, 9);
+  std::vector<float> out, lse;
+  using testing::IsInvalid;
+  auto base = [&] { return args_of(c, out, lse); };
+  MlaSparseDecodeArgs a = base();
+  a.causal = true;
+  EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"causal", "expected false"}));
+  a = base();
+  a.kv_cache = make_tensor(c.cache.data(), DType::kUInt8, {2, 16, 1, 576});
+  EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"kv_cache.shape[3]", "expected 656", "got 576"}));
+  a = base();
+  a.kv_cache = make_tensor(c.cache.data(), DType::kBF16, {2, 16, 1, 656});
+  EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"kv_cache.dtype", "uint8"}));
+  a = base();
+  a.indices = make_tensor(c.indices.data(), DType::kInt32, {2, 2, 32});
+  EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"indices.shape[1] (s_q)", "expected 1", "got 2"}));
+  a = base();
+  a.q.dtype = DType::kFP16;
+  EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"q.dtype", "bf16", "fp16"}));
+  std::vector<int32_t> lengths(3);
+  a = base();
+  a.topk_length = make_tensor(lengths.data(), DType::kInt32, {3});
+  EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"topk_length.shape[0] (b)", "expected 2", "got 3"}));
+  std::vector<float> sink(5);
+  a = base();
+  a.attn_sink = make_tensor(sink.data(), DType::kFP32, {5});
+  EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"attn_sink.shape[0] (h_q)", "expected 4", "got 5"}));
+  a = base();
+  a.lse = make_tensor(lse.data(), DType::kFP32, {2, 1, 4});
+  EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"lse.shape[1] (h_q)", "expected 4", "got 1"}));
+}
+
+}  // namespace
+}  // namespace mlakit
