@@ -1,6 +1,10 @@
 // Token-sparse MLA decode over the FP8-with-scale cache (SPEC section 2), DeepSeek-V3.2's
 // sparse attention: each query row attends only to the cache tokens its indexer selected.
-// This header holds the arguments and the CPU reference; the GPU kernel follows (issue 4).
+//
+// Per decoding step, like the dense decode: mla_sparse_decode_workspace_size once,
+// mla_sparse_decode_plan once per step (the schedule depends on topk / topk_length only),
+// mla_sparse_decode_fp8 per layer. The GPU kernel is the portable one (any CUDA GPU, sm80+);
+// the Hopper kernel is to come.
 #pragma once
 
 #include "mlakit/mla_decode.h"
@@ -8,6 +12,14 @@
 #include "mlakit/tensor.h"
 
 namespace mlakit {
+
+// What the plan depends on.
+struct MlaSparseDecodeProblem {
+  int64_t b = 0;
+  int s_q = 1;
+  int h_q = 0;
+  int topk = 0;  // indices per query token, >= 1
+};
 
 struct MlaSparseDecodeArgs {
   TensorRef q;            // [b, s_q, h_q, 576]            bf16
@@ -21,6 +33,16 @@ struct MlaSparseDecodeArgs {
   float softmax_scale = kDefaultSoftmaxScale;
   bool causal = false;    // must be false (the indices already say what is visible)
 };
+
+Status mla_sparse_decode_workspace_size(const MlaSparseDecodeProblem& problem, std::size_t* bytes);
+
+// topk_length: the same optional [b] int32 device tensor the decode will get (empty: every
+// row has topk indices).
+Status mla_sparse_decode_plan(const MlaSparseDecodeProblem& problem, const TensorRef& topk_length,
+                              void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
+                              MlaDecodePlan* plan);
+
+Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, const MlaDecodePlan& plan, cudaStream_t stream);
 
 namespace reference {
 // float64 attention over the dequantized cache (SPEC section 2). Rows with no valid index:

@@ -41,6 +41,21 @@ struct PartRange {
 inline constexpr int kPartRangeInts = 8;
 static_assert(sizeof(PartRange) == kPartRangeInts * sizeof(int32_t), "PartRange layout");
 
+// Length of scheduled sequence i: lengths[i / divisor] (`fixed` when lengths is null),
+// clamped to [0, cap]. The dense decode schedules its sequences; the sparse decode schedules
+// one "sequence" per (batch entry, query token), of length topk_length[b] or topk.
+struct SeqLengths {
+  const int32_t* lengths;
+  int32_t fixed;
+  int32_t divisor;
+  int32_t cap;
+  MLAKIT_HD int32_t operator()(int64_t i) const {
+    const int32_t l = lengths != nullptr ? lengths[i / divisor] : fixed;
+    return l < 0 ? 0 : (l > cap ? cap : l);
+  }
+};
+MLAKIT_HD SeqLengths dense_lengths(const int32_t* seqlens) { return SeqLengths{seqlens, 0, 1, 0x7fffffff}; }
+
 struct ScheduleConfig {
   int num_parts;        // >= 1
   int block_n;          // keys per scheduling block, >= 1
@@ -82,11 +97,11 @@ MLAKIT_HD int32_t sequence_splits(int64_t cost_begin, int64_t blocks, const Sche
 MLAKIT_HD int32_t partial_slots(int32_t splits) { return splits >= 2 ? splits : 0; }
 
 // The first block at a cost position >= x, as (seq, block); (b, 0) when none.
-// `cost_prefix` holds the b + 1 exclusive prefix sums of sequence costs; `seqlens` the
+// `cost_prefix` holds the b + 1 exclusive prefix sums of sequence costs; `len` the
 // lengths. Binary search for the last sequence whose cost starts at or before x, then skip
 // forward past sequences whose blocks all lie before x (only empty ones, in practice).
 MLAKIT_HD void first_block_at_or_after(int64_t x, const int64_t* cost_prefix,
-                                       const int32_t* seqlens, int64_t b,
+                                       const SeqLengths& len, int64_t b,
                                        const ScheduleConfig& c, int32_t* seq,
                                        int32_t* block) {
   int64_t lo = 0, hi = b;  // invariant: cost_prefix[lo] <= x (or lo == 0), answer in [lo, b]
@@ -97,7 +112,7 @@ MLAKIT_HD void first_block_at_or_after(int64_t x, const int64_t* cost_prefix,
   for (int64_t i = lo; i < b; ++i) {
     int64_t first_pos = cost_prefix[i] + c.overhead_blocks;
     int64_t j = x > first_pos ? x - first_pos : 0;
-    if (j < key_blocks(seqlens[i], c.block_n)) {
+    if (j < key_blocks(len(i), c.block_n)) {
       *seq = static_cast<int32_t>(i);
       *block = static_cast<int32_t>(j);
       return;
@@ -108,12 +123,12 @@ MLAKIT_HD void first_block_at_or_after(int64_t x, const int64_t* cost_prefix,
 }
 
 // The work range of part p.
-MLAKIT_HD PartRange part_range(int32_t p, const int64_t* cost_prefix, const int32_t* seqlens,
+MLAKIT_HD PartRange part_range(int32_t p, const int64_t* cost_prefix, const SeqLengths& len,
                                int64_t b, const ScheduleConfig& c, int64_t psize) {
   PartRange r{};
-  first_block_at_or_after(static_cast<int64_t>(p) * psize, cost_prefix, seqlens, b, c,
+  first_block_at_or_after(static_cast<int64_t>(p) * psize, cost_prefix, len, b, c,
                           &r.begin_seq, &r.begin_block);
-  first_block_at_or_after(static_cast<int64_t>(p + 1) * psize, cost_prefix, seqlens, b, c,
+  first_block_at_or_after(static_cast<int64_t>(p + 1) * psize, cost_prefix, len, b, c,
                           &r.end_seq, &r.end_block);
   r.begin_split = 0;
   bool empty = r.begin_seq == r.end_seq && r.begin_block == r.end_block;

@@ -34,9 +34,13 @@ ScheduleConfig plan_schedule_config(const MlaDecodePlan& plan) {
 
 Status dispatch_decode_plan(const MlaDecodePlan& plan, const int32_t* cache_seqlens,
                             cudaStream_t stream) {
+  return dispatch_sparse_decode_plan(plan, dense_lengths(cache_seqlens), stream);
+}
+
+Status dispatch_sparse_decode_plan(const MlaDecodePlan& plan, const SeqLengths& lengths, cudaStream_t stream) {
   return cuda_status(
       "mla_decode_plan",
-      launch_decode_plan(cache_seqlens, plan.problem.b, plan_schedule_config(plan),
+      launch_decode_plan(lengths, plan.problem.b, plan_schedule_config(plan),
                          region<int64_t>(plan, plan.cost_prefix_offset),
                          region<int32_t>(plan, plan.split_prefix_offset),
                          region<int32_t>(plan, plan.partial_prefix_offset),
@@ -51,7 +55,7 @@ static MlaDecodeParams make_decode_params(const MlaDecodeArgs& a, const MlaDecod
       .q = a.q.data,
       .kv = a.kv_cache.data,
       .block_table = static_cast<const int32_t*>(a.block_table.data),
-      .seqlens = static_cast<const int32_t*>(a.cache_seqlens.data),
+      .lengths = dense_lengths(static_cast<const int32_t*>(a.cache_seqlens.data)),
       .out = a.out.data,
       .lse = static_cast<float*>(a.lse.data),
       .part_ranges = region<const PartRange>(plan, plan.part_ranges_offset),
@@ -85,6 +89,11 @@ static MlaDecodeParams make_decode_params(const MlaDecodeArgs& a, const MlaDecod
       .num_parts = plan.num_parts,
       .scale_log2 = softmax_scale * 1.4426950408889634f,
       .causal = a.causal && pr.s_q > 1,
+      .seq_divisor = 1,
+      .indices = nullptr,
+      .indices_stride_b = 0,
+      .indices_stride_s = 0,
+      .attn_sink = nullptr,
   };
 }
 
@@ -108,6 +117,57 @@ Status dispatch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, fl
   }
   return cuda_status("mla_decode", bf16 ? launch_mla_decode_portable<__nv_bfloat16>(params, stream)
                                         : launch_mla_decode_portable<__half>(params, stream));
+}
+
+Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodePlan& plan, const SeqLengths& lengths,
+                                  float softmax_scale, cudaStream_t stream) {
+  // One scheduled sequence per (batch entry, query token): rows = the h_q heads of one token.
+  const MlaDecodeProblem& pr = plan.problem;
+  const MlaDecodeParams params{
+      .q = a.q.data,
+      .kv = a.kv_cache.data,
+      .block_table = nullptr,
+      .lengths = lengths,
+      .out = a.out.data,
+      .lse = static_cast<float*>(a.lse.data),
+      .part_ranges = region<const PartRange>(plan, plan.part_ranges_offset),
+      .split_prefix = region<const int32_t>(plan, plan.split_prefix_offset),
+      .partial_prefix = region<const int32_t>(plan, plan.partial_prefix_offset),
+      .partial_out = region<float>(plan, plan.partial_out_offset),
+      .partial_lse = region<float>(plan, plan.partial_lse_offset),
+      .q_stride_b = a.q.stride[0],
+      .q_stride_s = a.q.stride[1],
+      .q_stride_h = a.q.stride[2],
+      .kv_stride_block = a.kv_cache.stride[0],
+      .kv_stride_page = a.kv_cache.stride[1],
+      .kv_stride_h = 0,
+      .block_table_stride_b = 0,
+      .out_stride_b = a.out.stride[0],
+      .out_stride_s = a.out.stride[1],
+      .out_stride_h = a.out.stride[2],
+      .lse_stride_b = a.lse.stride[0],
+      .lse_stride_h = a.lse.stride[1],
+      .lse_stride_s = a.lse.stride[2],
+      .b = pr.b,
+      .s_q = 1,
+      .h_q = pr.h_q,
+      .h_kv = 1,
+      .heads_per_kv = pr.h_q,
+      .rows = pr.h_q,
+      .page_size = static_cast<int>(a.kv_cache.shape[1]),
+      .num_blocks = a.kv_cache.shape[0],
+      .max_blocks_per_seq = 0,
+      .block_n = plan.block_n,
+      .num_parts = plan.num_parts,
+      .scale_log2 = softmax_scale * 1.4426950408889634f,
+      .causal = false,
+      .seq_divisor = static_cast<int>(a.q.shape[1]),
+      .indices = static_cast<const int32_t*>(a.indices.data),
+      .indices_stride_b = a.indices.stride[0],
+      .indices_stride_s = a.indices.stride[1],
+      .attn_sink = a.attn_sink.empty() ? nullptr : static_cast<const float*>(a.attn_sink.data),
+  };
+  return cuda_status("mla_sparse_decode_fp8", launch_mla_decode_portable<__nv_bfloat16>(params, stream));
 }
 
 Status dispatch_mla_decode_combine(const MlaDecodeArgs& a, const MlaDecodePlan& plan, cudaStream_t stream) {

@@ -2,7 +2,9 @@
 // Plain C++ interface; implemented in CUDA (mla_decode_dispatch.cu), absent without CUDA.
 #pragma once
 
+#include "common/decode_schedule.h"
 #include "mlakit/mla_decode.h"
+#include "mlakit/mla_sparse_decode.h"
 
 namespace mlakit::detail {
 
@@ -13,6 +15,12 @@ Status dispatch_decode_plan(const MlaDecodePlan& plan, const int32_t* cache_seql
 // Launches attention + combine for validated arguments.
 Status dispatch_mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan,
                            float softmax_scale, cudaStream_t stream);
+
+// Sparse FP8 decode: plan over (batch, query token) sequences of length topk_length / topk,
+// then the portable kernel in its sparse mode + combine.
+Status dispatch_sparse_decode_plan(const MlaDecodePlan& plan, const SeqLengths& lengths, cudaStream_t stream);
+Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& args, const MlaDecodePlan& plan, const SeqLengths& lengths,
+                                  float softmax_scale, cudaStream_t stream);
 
 // The combine step alone (it rewrites the outputs of split and empty sequences from the
 // partial results in the workspace): the benchmark times it to report the plan + combine

@@ -17,6 +17,8 @@ struct DecodeSchedule {
   std::vector<int64_t> cost_prefix;     // [b + 1] prefix sums of sequence costs
 };
 
+DecodeSchedule schedule_on_host(const SeqLengths& lengths, int64_t b, const ScheduleConfig& config);
+// Dense decode: sequence i has length seqlens[i].
 DecodeSchedule schedule_on_host(const int32_t* seqlens, int64_t b, const ScheduleConfig& config);
 
 }  // namespace mlakit::detail

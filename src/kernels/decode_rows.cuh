@@ -20,6 +20,17 @@ __device__ __forceinline__ RowCoord row_coord(const MlaDecodeParams& p, int hk, 
   return RowCoord{r / p.heads_per_kv, hk * p.heads_per_kv + r % p.heads_per_kv};
 }
 
+// Offset of scheduled sequence `seq` in a tensor with batch and token strides.
+__device__ __forceinline__ int64_t seq_offset(const MlaDecodeParams& p, int seq, int64_t stride_b, int64_t stride_s) {
+  return static_cast<int64_t>(seq / p.seq_divisor) * stride_b + static_cast<int64_t>(seq % p.seq_divisor) * stride_s;
+}
+
+// The attention-sink factor of a finished row (1 without a sink or for an empty row).
+__device__ __forceinline__ float sink_factor(const MlaDecodeParams& p, int head, float lse_natural) {
+  if (p.attn_sink == nullptr || !isfinite(lse_natural)) return 1.f;
+  return 1.f / (1.f + expf(p.attn_sink[head] - lse_natural));
+}
+
 // Keys visible to query token t of a sequence of length L (SPEC 1: with causal, token t sees
 // positions [0, L - s_q + t]).
 __device__ __forceinline__ int visible_keys(const MlaDecodeParams& p, int L, int t) {
@@ -36,7 +47,7 @@ __device__ __forceinline__ void for_each_segment(const MlaDecodeParams& p, const
   int split = range.begin_split;
   for (int seq = range.begin_seq;
        seq < range.end_seq || (seq == range.end_seq && block < range.end_block); ++seq) {
-    const int L = max(p.seqlens[seq], 0);
+    const int L = p.lengths(seq);
     const int64_t blocks = key_blocks(L, p.block_n);
     const int64_t block_end = seq == range.end_seq ? range.end_block : blocks;
     if (block < block_end) {

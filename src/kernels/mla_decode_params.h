@@ -12,7 +12,7 @@ struct MlaDecodeParams {
   const void* q;                 // [b, s_q, h_q, d_qk]
   const void* kv;                // [num_blocks, page_size, h_kv, d_qk]
   const int32_t* block_table;    // [b, max_blocks_per_seq]
-  const int32_t* seqlens;        // [b]
+  SeqLengths lengths;            // length of sequence i (dense: cache_seqlens[i])
   void* out;                     // [b, s_q, h_q, d_v]
   float* lse;                    // [b, h_q, s_q], natural log
 
@@ -41,6 +41,15 @@ struct MlaDecodeParams {
   int num_parts;
   float scale_log2;   // softmax_scale * log2(e)
   bool causal;        // already false when s_q == 1
+
+  // Scheduled sequence i addresses q / out / lse at batch i / seq_divisor, token
+  // i % seq_divisor (dense: 1; sparse: one sequence per (batch entry, query token)).
+  int seq_divisor;
+  // Sparse FP8 decode only (null for the dense decode): the cache holds 656-byte FP8 tokens,
+  // key j of sequence i is cache slot indices[batch][token][j].
+  const int32_t* indices;        // [b, s_q, topk]
+  int64_t indices_stride_b, indices_stride_s;
+  const float* attn_sink;        // [h_q] or null: out *= 1 / (1 + exp(sink - lse))
 };
 
 // Row r of kv head hk holds query token r / heads_per_kv of head hk * heads_per_kv +

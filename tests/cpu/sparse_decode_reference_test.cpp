@@ -12,64 +12,26 @@
 #include "mlakit/mla_sparse_decode.h"
 #include "mlakit/reference.h"
 #include "reference/host_numeric.h"
+#include "support/sparse_decode_case.h"
 
 namespace mlakit {
 namespace {
 
-struct SparseCase {
-  int64_t b, num_blocks, page;
-  int s_q, h_q, topk;
-  std::vector<uint16_t> q;            // [b, s_q, h_q, 576]
-  std::vector<uint8_t> cache;         // [num_blocks, page, 1, 656]
-  std::vector<uint16_t> dequantized;  // [num_blocks, page, 1, 576]
-  std::vector<int32_t> indices;       // [b, s_q, topk]
-};
+using support::HostSparseCase;
+using support::SparseCaseSpec;
 
-SparseCase make_case(int64_t b, int s_q, int h_q, int topk, int64_t num_blocks, int64_t page, uint64_t seed) {
-  SparseCase c{b, num_blocks, page, s_q, h_q, topk, {}, {}, {}, {}};
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  const int64_t tokens = num_blocks * page;
-  std::vector<uint16_t> raw(tokens * 576);
-  for (auto& x : raw) x = host::float_to_bf16(std::clamp(normal(rng) * 0.1f, -1.f, 1.f));
-  c.cache.resize(tokens * 656);
-  c.dequantized.resize(tokens * 576);
-  EXPECT_TRUE(reference::quantize_mla_cache_fp8(make_tensor(raw.data(), DType::kBF16, {tokens, 576}),
-                                                make_tensor(c.cache.data(), DType::kUInt8, {tokens, 656})));
-  EXPECT_TRUE(reference::dequantize_mla_cache_fp8(make_tensor(c.cache.data(), DType::kUInt8, {tokens, 656}),
-                                                  make_tensor(c.dequantized.data(), DType::kBF16, {tokens, 576})));
-  c.q.resize(b * s_q * h_q * 576);
-  for (auto& x : c.q) x = host::float_to_bf16(std::clamp(normal(rng), -1.f, 1.f));
-  // Indices: valid slots with duplicates, -1, past the end, other negatives; row (0, 0) of
-  // every case has no valid index at all.
-  std::uniform_int_distribution<int64_t> slot(0, tokens - 1);
-  c.indices.resize(b * s_q * topk);
-  for (size_t i = 0; i < c.indices.size(); ++i) {
-    const int kind = static_cast<int>(i % 11);
-    c.indices[i] = kind == 3 ? -1 : kind == 7 ? static_cast<int32_t>(tokens + i % 5) : kind == 9 ? -7
-                 : kind == 5 && i > 0 ? c.indices[i - 1]  // duplicate of the previous entry
-                                      : static_cast<int32_t>(slot(rng));
-  }
-  for (int k = 0; k < topk; ++k) c.indices[k] = -1;
-  return c;
-}
-
-MlaSparseDecodeArgs args_of(SparseCase& c, std::vector<float>& out, std::vector<float>& lse) {
-  MlaSparseDecodeArgs a;
-  a.q = make_tensor(c.q.data(), DType::kBF16, {c.b, c.s_q, c.h_q, 576});
-  a.kv_cache = make_tensor(c.cache.data(), DType::kUInt8, {c.num_blocks, c.page, 1, 656});
-  a.indices = make_tensor(c.indices.data(), DType::kInt32, {c.b, c.s_q, c.topk});
-  out.assign(c.b * c.s_q * c.h_q * 512, NAN);
-  lse.assign(c.b * c.h_q * c.s_q, NAN);
-  a.out = make_tensor(out.data(), DType::kFP32, {c.b, c.s_q, c.h_q, 512});
-  a.lse = make_tensor(lse.data(), DType::kFP32, {c.b, c.h_q, c.s_q});
-  return a;
+MlaSparseDecodeArgs args_of(HostSparseCase& c, std::vector<float>& out, std::vector<float>& lse) {
+  out.assign(c.out_elems(), NAN);
+  lse.assign(c.lse_elems(), NAN);
+  return c.args(c.q.data(), c.cache.data(), c.indices.data(), c.topk_length.data(), c.sink.data(), out.data(),
+                DType::kFP32, lse.data());
 }
 
 // Naive: softmax over the valid listed tokens of the dequantized cache, then the sink.
-void expect_matches_naive(const SparseCase& c, const std::vector<float>& out, const std::vector<float>& lse,
+void expect_matches_naive(const HostSparseCase& hc, const std::vector<float>& out, const std::vector<float>& lse,
                           const std::vector<int32_t>* topk_length, const std::vector<float>* sink, double scale) {
-  const int64_t tokens = c.num_blocks * c.page;
+  const SparseCaseSpec& c = hc.spec;
+  const int64_t tokens = c.num_blocks * c.page_size;
   for (int64_t i = 0; i < c.b; ++i) {
     const int64_t count = topk_length ? std::clamp<int64_t>((*topk_length)[i], 0, c.topk) : c.topk;
     for (int t = 0; t < c.s_q; ++t) {
@@ -77,12 +39,12 @@ void expect_matches_naive(const SparseCase& c, const std::vector<float>& out, co
         std::vector<double> z;
         std::vector<int64_t> rows;
         for (int64_t k = 0; k < count; ++k) {
-          const int64_t slot = c.indices[(i * c.s_q + t) * c.topk + k];
+          const int64_t slot = hc.indices[(i * c.s_q + t) * c.topk + k];
           if (slot < 0 || slot >= tokens) continue;
           double dot = 0;
           for (int d = 0; d < 576; ++d) {
-            dot += double(host::bf16_to_float(c.q[((i * c.s_q + t) * c.h_q + h) * 576 + d])) *
-                   host::bf16_to_float(c.dequantized[slot * 576 + d]);
+            dot += double(host::bf16_to_float(hc.q[((i * c.s_q + t) * c.h_q + h) * 576 + d])) *
+                   host::bf16_to_float(hc.dequantized[slot * 576 + d]);
           }
           z.push_back(dot * scale);
           rows.push_back(slot);
@@ -102,7 +64,7 @@ void expect_matches_naive(const SparseCase& c, const std::vector<float>& out, co
         const double factor = sink ? 1.0 / (1.0 + std::exp((*sink)[h] - ref_lse)) : 1.0;
         for (int d = 0; d < 512; ++d) {
           double o = 0;
-          for (size_t j = 0; j < z.size(); ++j) o += std::exp(z[j] - ref_lse) * host::bf16_to_float(c.dequantized[rows[j] * 576 + d]);
+          for (size_t j = 0; j < z.size(); ++j) o += std::exp(z[j] - ref_lse) * host::bf16_to_float(hc.dequantized[rows[j] * 576 + d]);
           ASSERT_NEAR(got[d], o * factor, 1e-6 + 1e-5 * std::fabs(o)) << "seq " << i << " t " << t << " h " << h << " d " << d;
         }
       }
@@ -114,7 +76,8 @@ TEST(SparseDecodeReference, MatchesNaiveFormulaWithInvalidAndDuplicateIndices) {
   int seed = 0;
   for (auto [b, s_q, h_q, topk, blocks, page] : std::vector<std::tuple<int, int, int, int, int, int>>{
            {1, 1, 1, 64, 3, 53}, {3, 2, 16, 128, 4, 64}, {2, 3, 4, 64, 200, 1}}) {
-    SparseCase c = make_case(b, s_q, h_q, topk, blocks, page, ++seed);
+    HostSparseCase c = support::make_sparse_case(
+        {.b = b, .s_q = s_q, .h_q = h_q, .topk = topk, .num_blocks = blocks, .page_size = page, .seed = uint64_t(++seed)});
     std::vector<float> out, lse;
     MlaSparseDecodeArgs a = args_of(c, out, lse);
     ASSERT_TRUE(reference::mla_sparse_decode_fp8(a));
@@ -123,21 +86,20 @@ TEST(SparseDecodeReference, MatchesNaiveFormulaWithInvalidAndDuplicateIndices) {
 }
 
 TEST(SparseDecodeReference, TopkLengthAndAttentionSink) {
-  SparseCase c = make_case(3, 2, 4, 64, 5, 16, 77);
+  HostSparseCase c = support::make_sparse_case({.b = 3, .s_q = 2, .h_q = 4, .topk = 64, .num_blocks = 5, .page_size = 16,
+                                                 .with_topk_length = true, .with_sink = true, .softmax_scale = 0.3f,
+                                                 .seed = 77});
+  c.topk_length = {64, 0, 17};
   std::vector<float> out, lse;
   MlaSparseDecodeArgs a = args_of(c, out, lse);
-  std::vector<int32_t> topk_length = {64, 0, 17};
-  std::vector<float> sink = {-1.f, 0.f, 0.5f, 3.f};
-  a.topk_length = make_tensor(topk_length.data(), DType::kInt32, {3});
-  a.attn_sink = make_tensor(sink.data(), DType::kFP32, {4});
-  a.softmax_scale = 0.3f;
   ASSERT_TRUE(reference::mla_sparse_decode_fp8(a));
-  expect_matches_naive(c, out, lse, &topk_length, &sink, 0.3f);
+  expect_matches_naive(c, out, lse, &c.topk_length, &c.sink, 0.3f);
 }
 
 // Listing every position of a sequence's pages gives the dense decode of the dequantized cache.
 TEST(SparseDecodeReference, EqualsDenseDecodeWhenIndicesListTheWholeSequence) {
-  SparseCase c = make_case(2, 2, 8, 192, 6, 32, 5);
+  HostSparseCase c = support::make_sparse_case(
+      {.b = 2, .s_q = 2, .h_q = 8, .topk = 192, .num_blocks = 6, .page_size = 32, .seed = 5});
   const int32_t lengths[2] = {150, 192};
   std::vector<int32_t> table = {4, 1, 0, 5, 3, 2, -1, -1, 2, 3, 0, 1, 5, 4, -1, -1};  // [2, 8]
   for (int64_t i = 0; i < 2; ++i) {
@@ -166,7 +128,8 @@ TEST(SparseDecodeReference, EqualsDenseDecodeWhenIndicesListTheWholeSequence) {
 }
 
 TEST(SparseDecodeReference, ValidationErrors) {
-  SparseCase c = make_case(2, 1, 4, 64, 2, 16, 9);
+  HostSparseCase c = support::make_sparse_case(
+      {.b = 2, .s_q = 1, .h_q = 4, .topk = 64, .num_blocks = 2, .page_size = 16, .seed = 9});
   std::vector<float> out, lse;
   using testing::IsInvalid;
   auto base = [&] { return args_of(c, out, lse); };

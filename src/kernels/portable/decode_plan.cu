@@ -30,29 +30,29 @@ __device__ void block_exclusive_scan(int64_t b, F f, T* out) {
 }
 
 __global__ void __launch_bounds__(kPlanThreads)
-    decode_plan_kernel(const int32_t* __restrict__ seqlens, int64_t b, ScheduleConfig c,
+    decode_plan_kernel(SeqLengths len, int64_t b, ScheduleConfig c,
                        int64_t* cost_prefix, int32_t* split_prefix, int32_t* partial_prefix,
                        PartRange* parts) {
-  block_exclusive_scan<int64_t>(b, [&](int64_t i) { return sequence_cost(seqlens[i], c); },
+  block_exclusive_scan<int64_t>(b, [&](int64_t i) { return sequence_cost(len(i), c); },
                                 cost_prefix);
   const int64_t psize = part_size(cost_prefix[b], c);
   auto splits = [&](int64_t i) {
-    return sequence_splits(cost_prefix[i], key_blocks(seqlens[i], c.block_n), c, psize);
+    return sequence_splits(cost_prefix[i], key_blocks(len(i), c.block_n), c, psize);
   };
   block_exclusive_scan<int32_t>(b, splits, split_prefix);
   block_exclusive_scan<int32_t>(b, [&](int64_t i) { return partial_slots(splits(i)); },
                                 partial_prefix);
   for (int p = threadIdx.x; p < c.num_parts; p += kPlanThreads) {
-    parts[p] = part_range(p, cost_prefix, seqlens, b, c, psize);
+    parts[p] = part_range(p, cost_prefix, len, b, c, psize);
   }
 }
 
 }  // namespace
 
-cudaError_t launch_decode_plan(const int32_t* seqlens, int64_t b, const ScheduleConfig& config,
+cudaError_t launch_decode_plan(const SeqLengths& lengths, int64_t b, const ScheduleConfig& config,
                                int64_t* cost_prefix, int32_t* split_prefix,
                                int32_t* partial_prefix, PartRange* parts, cudaStream_t stream) {
-  decode_plan_kernel<<<1, kPlanThreads, 0, stream>>>(seqlens, b, config, cost_prefix,
+  decode_plan_kernel<<<1, kPlanThreads, 0, stream>>>(lengths, b, config, cost_prefix,
                                                      split_prefix, partial_prefix, parts);
   return cudaGetLastError();
 }

@@ -12,7 +12,7 @@
 namespace mlakit::detail {
 
 // Device planner: one CTA evaluates common/decode_schedule.h for every sequence and part.
-cudaError_t launch_decode_plan(const int32_t* seqlens, int64_t b, const ScheduleConfig& config,
+cudaError_t launch_decode_plan(const SeqLengths& lengths, int64_t b, const ScheduleConfig& config,
                                int64_t* cost_prefix, int32_t* split_prefix,
                                int32_t* partial_prefix, PartRange* parts, cudaStream_t stream);
 

@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "device/numeric.cuh"
+#include "kernels/decode_rows.cuh"
 #include "kernels/mla_decode_params.h"
 
 namespace mlakit::detail::portable {
@@ -86,18 +87,19 @@ __global__ void __launch_bounds__(CombineConfig::kThreads)
         }
       }
     }
-    Elem* out = static_cast<Elem*>(p.out) + seq * p.out_stride_b + t * p.out_stride_s +
-                head * p.out_stride_h;
+    Elem* out = static_cast<Elem*>(p.out) + seq_offset(p, seq, p.out_stride_b, p.out_stride_s) +
+                t * p.out_stride_s + head * p.out_stride_h;
+    const float lse = has_nan ? NAN : (empty ? INFINITY : (max_lse + log2f(sum)) * device::kLn2);
+    const float sink = sink_factor(p, head, lse);
 #pragma unroll
     for (int i = 0; i < C::kValuesPerLane / 4; ++i) {
-      float a0 = has_nan ? NAN : acc[4 * i], a1 = has_nan ? NAN : acc[4 * i + 1];
-      float a2 = has_nan ? NAN : acc[4 * i + 2], a3 = has_nan ? NAN : acc[4 * i + 3];
+      float a0 = has_nan ? NAN : acc[4 * i] * sink, a1 = has_nan ? NAN : acc[4 * i + 1] * sink;
+      float a2 = has_nan ? NAN : acc[4 * i + 2] * sink, a3 = has_nan ? NAN : acc[4 * i + 3] * sink;
       uint2 packed = make_uint2(Ops::pack(a0, a1), Ops::pack(a2, a3));
       *reinterpret_cast<uint2*>(out + 128 * i + 4 * lane) = packed;
     }
     if (lane == 0) {
-      float lse = has_nan ? NAN : (empty ? INFINITY : (max_lse + log2f(sum)) * device::kLn2);
-      p.lse[seq * p.lse_stride_b + head * p.lse_stride_h + t * p.lse_stride_s] = lse;
+      p.lse[seq_offset(p, seq, p.lse_stride_b, p.lse_stride_s) + head * p.lse_stride_h + t * p.lse_stride_s] = lse;
     }
   }
 }

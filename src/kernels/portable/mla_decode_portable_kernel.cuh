@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "common/decode_schedule.h"
+#include "common/fp8_cache_row.h"
 #include "device/cp_async.cuh"
 #include "device/mma_sm80.cuh"
 #include "device/numeric.cuh"
@@ -119,7 +120,7 @@ class DecodeCta {
       Elem* dst = &sm_.q[r][chunk * C::kChunk];
       if (row < p_.rows) {
         RowCoord rc = row_coord(p_, hk_, row);
-        device::cp_async_16(dst, q + seq * p_.q_stride_b + rc.t * p_.q_stride_s +
+        device::cp_async_16(dst, q + seq_offset(p_, seq, p_.q_stride_b, p_.q_stride_s) + rc.t * p_.q_stride_s +
                                      rc.head * p_.q_stride_h + chunk * C::kChunk);
       } else {
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
@@ -143,6 +144,10 @@ class DecodeCta {
   }
 
   __device__ void load_keys(int seq, int k0, int key_end) {
+    if (p_.indices != nullptr) {
+      load_sparse_keys(seq, k0, key_end);
+      return;
+    }
     if (tid_ < C::kKeys) {
       int pos = k0 + tid_;
       int64_t offset = -1;
@@ -173,6 +178,49 @@ class DecodeCta {
       }
     }
     device::cp_async_wait_all();
+    __syncthreads();
+  }
+
+  // Sparse FP8 decode: key pos of sequence seq is cache slot indices[..][pos]; invalid slots
+  // get offset -1 (masked out and zero-filled, never read); valid ones are dequantized from
+  // the 656-byte format into the bf16 K tile (common/fp8_cache_row.h, as the reference).
+  __device__ void load_sparse_keys(int seq, int k0, int key_end) {
+    if (tid_ < C::kKeys) {
+      const int pos = k0 + tid_;
+      int64_t offset = -1;
+      if (pos < key_end) {
+        const int64_t slot = p_.indices[seq_offset(p_, seq, p_.indices_stride_b, p_.indices_stride_s) + pos];
+        if (slot >= 0 && slot < p_.num_blocks * p_.page_size) {
+          offset = (slot / p_.page_size) * p_.kv_stride_block + (slot % p_.page_size) * p_.kv_stride_page;
+        }
+      }
+      sm_.key_offset[tid_] = offset;
+    }
+    __syncthreads();
+    const uint8_t* cache = static_cast<const uint8_t*>(p_.kv);
+    constexpr int kNopeChunks = kFp8NopeDim / C::kChunk;
+    for (int c = tid_; c < C::kKeys * C::kChunksPerRow; c += C::kThreads) {
+      const int key = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
+      const int64_t offset = sm_.key_offset[key];
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (offset >= 0) {
+        const uint8_t* token = cache + offset;
+        if (chunk < kNopeChunks) {
+          const uint2 q8 = *reinterpret_cast<const uint2*>(token + chunk * C::kChunk);
+          const float scale =
+              *reinterpret_cast<const float*>(token + kFp8ScaleOffset + 4 * (chunk * C::kChunk / kFp8Tile));
+          const uint8_t* b = reinterpret_cast<const uint8_t*>(&q8);
+          uint16_t h[C::kChunk];
+#pragma unroll
+          for (int i = 0; i < C::kChunk; ++i) h[i] = fp8_dequantize(b[i], scale);
+          v = make_uint4(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16), h[4] | (uint32_t(h[5]) << 16),
+                         h[6] | (uint32_t(h[7]) << 16));
+        } else {
+          v = *reinterpret_cast<const uint4*>(token + kFp8RopeOffset + (chunk - kNopeChunks) * 16);
+        }
+      }
+      *reinterpret_cast<uint4*>(&sm_.k[key][chunk * C::kChunk]) = v;
+    }
     __syncthreads();
   }
 
@@ -209,7 +257,8 @@ class DecodeCta {
 #pragma unroll
     for (int j = 0; j < C::kColsPerSoftmaxThread; ++j) {
       int pos = k0 + col0 + j;
-      v[j] = pos < limit ? sm_.s[r][col0 + j] * p_.scale_log2 : -INFINITY;
+      // Keys never loaded (past the segment, invalid sparse slots) are masked, not just zero.
+      v[j] = pos < limit && sm_.key_offset[col0 + j] >= 0 ? sm_.s[r][col0 + j] * p_.scale_log2 : -INFINITY;
       tile_max = fmaxf(tile_max, v[j]);
     }
 #pragma unroll
@@ -278,8 +327,11 @@ class DecodeCta {
     for_each_value([&](int row, int d, float v0, float v1) {
       RowCoord rc = row_coord(p_, hk_, row);
       if (bad) v0 = v1 = NAN;
-      *reinterpret_cast<uint32_t*>(out + seq * p_.out_stride_b + rc.t * p_.out_stride_s +
-                                   rc.head * p_.out_stride_h + d) = Ops::pack(v0, v1);
+      const float lse2 = sm_.lse2[row - tile_ * C::kRows];
+      const float sink = sink_factor(p_, rc.head, lse2 * device::kLn2);
+      *reinterpret_cast<uint32_t*>(out + seq_offset(p_, seq, p_.out_stride_b, p_.out_stride_s) +
+                                   rc.t * p_.out_stride_s + rc.head * p_.out_stride_h + d) =
+          Ops::pack(v0 * sink, v1 * sink);
     });
     if (tid_ < C::kRows) {
       const int row = tile_ * C::kRows + tid_;
@@ -287,7 +339,8 @@ class DecodeCta {
         RowCoord rc = row_coord(p_, hk_, row);
         float lse2 = sm_.lse2[tid_];
         float lse = bad ? NAN : (lse2 == -INFINITY ? INFINITY : lse2 * device::kLn2);
-        p_.lse[seq * p_.lse_stride_b + rc.head * p_.lse_stride_h + rc.t * p_.lse_stride_s] = lse;
+        p_.lse[seq_offset(p_, seq, p_.lse_stride_b, p_.lse_stride_s) + rc.head * p_.lse_stride_h +
+               rc.t * p_.lse_stride_s] = lse;
       }
     }
   }

@@ -1,0 +1,140 @@
+// Public entry points of the sparse FP8 MLA decode: validation, plan layout, dispatch. The
+// schedule treats each (batch entry, query token) as one sequence of h_q rows and
+// topk_length[b] (or topk) keys, so the dense decode's planner, workspace and combine serve.
+#include "mlakit/mla_sparse_decode.h"
+
+#include <string>
+
+#include "common/decode_schedule.h"
+#include "host/check.h"
+#include "host/decode_layout.h"
+#include "host/device.h"
+#include "host/mla_decode_validate.h"
+#include "host/mla_sparse_decode_validate.h"
+#if MLAKIT_WITH_CUDA
+#include "dispatch/mla_decode_dispatch.h"
+#endif
+
+namespace mlakit {
+namespace {
+
+using detail::invalid;
+
+// The dense problem whose plan serves the sparse decode.
+Status scheduled_problem(const char* op, const MlaSparseDecodeProblem& p, MlaDecodeProblem* out) {
+  if (p.b < 1 || p.s_q < 1 || p.h_q < 1) {
+    return invalid(op, "problem: expected b, s_q, h_q >= 1, got b = " + std::to_string(p.b) +
+                           ", s_q = " + std::to_string(p.s_q) + ", h_q = " + std::to_string(p.h_q));
+  }
+  if (p.topk < 1 || p.topk > (1 << 20)) {
+    return invalid(op, "problem.topk: expected 1 <= topk <= 2^20, got " + std::to_string(p.topk));
+  }
+  if (p.b * p.s_q > (int64_t{1} << 30)) {
+    return invalid(op, "problem: expected b * s_q <= 2^30, got " + std::to_string(p.b * p.s_q));
+  }
+  *out = MlaDecodeProblem{.b = p.b * p.s_q, .s_q = 1, .h_q = p.h_q, .h_kv = 1, .d_qk = 576, .d_v = 512};
+  return Status::ok();
+}
+
+detail::SeqLengths sparse_lengths(const TensorRef& topk_length, int topk, int s_q) {
+  return detail::SeqLengths{topk_length.empty() ? nullptr : static_cast<const int32_t*>(topk_length.data), topk, s_q, topk};
+}
+
+Status check_topk_length(const char* op, const TensorRef& t, int64_t b, int device) {
+  if (t.empty()) return Status::ok();
+  using namespace detail;
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "topk_length", t));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "topk_length", t, {DType::kInt32}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "topk_length", t, 1));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "topk_length", t, 0, "b", b));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "topk_length", t));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "topk_length", t, 4));
+  return check_device_pointer(op, "topk_length", t.data, device);
+}
+
+}  // namespace
+
+Status mla_sparse_decode_workspace_size(const MlaSparseDecodeProblem& problem, std::size_t* bytes) {
+  constexpr const char* kOp = "mla_sparse_decode_workspace_size";
+  if (bytes == nullptr) return invalid(kOp, "bytes: expected a non-null pointer, got null");
+  MlaDecodeProblem scheduled;
+  MLAKIT_RETURN_IF_ERROR(scheduled_problem(kOp, problem, &scheduled));
+  return mla_decode_workspace_size(scheduled, bytes, MlaDecodeOptions{.kernel = MlaDecodeKernel::kPortable});
+}
+
+Status mla_sparse_decode_plan(const MlaSparseDecodeProblem& problem, const TensorRef& topk_length, void* workspace,
+                              std::size_t workspace_bytes, cudaStream_t stream, MlaDecodePlan* plan) {
+  constexpr const char* kOp = "mla_sparse_decode_plan";
+  if (plan == nullptr) return invalid(kOp, "plan: expected a non-null pointer, got null");
+  MlaDecodeProblem scheduled;
+  MLAKIT_RETURN_IF_ERROR(scheduled_problem(kOp, problem, &scheduled));
+  detail::DeviceInfo dev;
+  MLAKIT_RETURN_IF_ERROR(detail::current_device_info(&dev));
+  MLAKIT_RETURN_IF_ERROR(check_topk_length(kOp, topk_length, problem.b, dev.ordinal));
+  MlaDecodePlan layout;
+  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(scheduled, dev, &layout, MlaDecodeKernel::kPortable));
+  if (workspace == nullptr) return invalid(kOp, "workspace: expected a non-null pointer, got null");
+  if (reinterpret_cast<std::uintptr_t>(workspace) % detail::kWorkspaceAlignment != 0) {
+    return invalid(kOp, "workspace: expected a " + std::to_string(detail::kWorkspaceAlignment) + "-byte aligned pointer");
+  }
+  if (workspace_bytes < layout.workspace_bytes) {
+    return Status(StatusCode::kWorkspaceTooSmall, std::string(kOp) + ": workspace_bytes: expected >= " +
+                                                      std::to_string(layout.workspace_bytes) + ", got " +
+                                                      std::to_string(workspace_bytes));
+  }
+  MLAKIT_RETURN_IF_ERROR(detail::check_device_pointer(kOp, "workspace", workspace, dev.ordinal));
+  layout.workspace = workspace;
+  layout.workspace_bytes = workspace_bytes;
+#if MLAKIT_WITH_CUDA
+  MLAKIT_RETURN_IF_ERROR(
+      detail::dispatch_sparse_decode_plan(layout, sparse_lengths(topk_length, problem.topk, problem.s_q), stream));
+#else
+  (void)stream;
+#endif
+  *plan = layout;
+  return Status::ok();
+}
+
+Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, const MlaDecodePlan& plan, cudaStream_t stream) {
+  constexpr const char* kOp = "mla_sparse_decode_fp8";
+  detail::SparseDecodeShape shape;
+  MLAKIT_RETURN_IF_ERROR(detail::validate_mla_sparse_decode_args(kOp, args, /*allow_float_out=*/false, &shape));
+  detail::DeviceInfo dev;
+  MLAKIT_RETURN_IF_ERROR(detail::current_device_info(&dev));
+  if (dev.cc_major < 8) {
+    return Status(StatusCode::kUnsupportedArchitecture,
+                  std::string(kOp) + ": expected compute capability >= 8.0, got " + std::to_string(dev.cc_major) +
+                      "." + std::to_string(dev.cc_minor));
+  }
+  MlaDecodeProblem scheduled;
+  MLAKIT_RETURN_IF_ERROR(scheduled_problem(
+      kOp, MlaSparseDecodeProblem{.b = shape.b, .s_q = shape.s_q, .h_q = shape.h_q, .topk = shape.topk}, &scheduled));
+  if (plan.workspace == nullptr || plan.num_parts < 1) {
+    return invalid(kOp, "plan: expected a plan filled by mla_sparse_decode_plan, got an empty plan");
+  }
+  if (plan.problem.b != scheduled.b || plan.problem.h_q != scheduled.h_q || plan.problem.s_q != 1 ||
+      plan.problem.h_kv != 1) {
+    return invalid(kOp, "plan: expected a plan for b * s_q = " + std::to_string(scheduled.b) + ", h_q = " +
+                            std::to_string(scheduled.h_q) + " (mla_sparse_decode_plan), got b = " +
+                            std::to_string(plan.problem.b) + ", h_q = " + std::to_string(plan.problem.h_q));
+  }
+  MLAKIT_RETURN_IF_ERROR(detail::check_row_alignment(kOp, "q", args.q, 16));
+  MLAKIT_RETURN_IF_ERROR(detail::check_row_alignment(kOp, "kv_cache", args.kv_cache, 16));
+  MLAKIT_RETURN_IF_ERROR(detail::check_row_alignment(kOp, "out", args.out, 4));
+  const std::pair<const char*, const void*> pointers[] = {
+      {"q", args.q.data},       {"kv_cache", args.kv_cache.data},       {"indices", args.indices.data},
+      {"out", args.out.data},   {"lse", args.lse.data},                 {"topk_length", args.topk_length.data},
+      {"attn_sink", args.attn_sink.data}};
+  for (const auto& [name, ptr] : pointers) {
+    if (ptr != nullptr) MLAKIT_RETURN_IF_ERROR(detail::check_device_pointer(kOp, name, ptr, dev.ordinal));
+  }
+#if MLAKIT_WITH_CUDA
+  return detail::dispatch_mla_sparse_decode(args, plan, sparse_lengths(args.topk_length, shape.topk, shape.s_q),
+                                            detail::resolve_softmax_scale(args.softmax_scale, 576), stream);
+#else
+  (void)stream;
+  return Status(StatusCode::kNoDevice, std::string(kOp) + ": mlakit was built without CUDA");
+#endif
+}
+
+}  // namespace mlakit

@@ -1,0 +1,117 @@
+// The sparse FP8 MLA decode on the GPU against the CPU reference: batch sizes, query tokens,
+// topk, page sizes, duplicate and invalid indices, rows without any valid index, topk_length
+// and the attention sink, NaN-poisoned outputs; validation of the device path.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "mlakit/mla_sparse_decode.h"
+#include "support/accuracy.h"
+#include "support/sparse_decode_case.h"
+
+namespace mlakit::testing {
+namespace {
+
+struct SparseSweepCase {
+  support::SparseCaseSpec spec;
+  std::string name() const {
+    std::ostringstream s;
+    s << "b" << spec.b << "_sq" << spec.s_q << "_hq" << spec.h_q << "_topk" << spec.topk << "_page" << spec.page_size
+      << (spec.with_topk_length ? "_len" : "") << (spec.with_sink ? "_sink" : "");
+    return s.str();
+  }
+};
+
+std::vector<SparseSweepCase> sparse_cases() {
+  std::vector<SparseSweepCase> cases;
+  const int64_t bs[] = {1, 4, 74, 128};
+  const int sqs[] = {1, 2, 3};
+  const int topks[] = {64, 128, 576, 2048};
+  const int64_t pages[] = {1, 53, 64, 256};
+  int rot = 0;
+  for (int64_t b : bs) {
+    for (int s_q : sqs) {
+      for (int topk : topks) {
+        ++rot;
+        if (b * s_q * topk > 128 * 2 * 576) continue;  // keep the CPU reference fast
+        support::SparseCaseSpec spec;
+        spec.b = b;
+        spec.s_q = s_q;
+        spec.h_q = rot % 3 == 0 ? 128 : (rot % 3 == 1 ? 64 : 16);
+        spec.topk = topk;
+        spec.page_size = pages[rot % 4];
+        spec.num_blocks = (std::max<int64_t>(topk, 256) + spec.page_size - 1) / spec.page_size + 1;
+        spec.with_topk_length = rot % 4 == 1;
+        spec.with_sink = rot % 5 == 2;
+        spec.seed = 100 + rot;
+        cases.push_back({spec});
+      }
+    }
+  }
+  return cases;
+}
+
+class MlaSparseDecodeSweep : public ::testing::TestWithParam<SparseSweepCase> {};
+
+TEST_P(MlaSparseDecodeSweep, MatchesReference) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  support::HostSparseCase c = support::make_sparse_case(GetParam().spec);
+  const support::SparseReferenceResult ref = support::run_sparse_reference(c);
+
+  DeviceBuffer q(c.q), cache(c.cache), indices(c.indices), out(c.out_elems() * 2), lse(c.lse_elems() * 4);
+  DeviceBuffer topk_length(std::max<size_t>(c.topk_length.size(), 1) * 4), sink(std::max<size_t>(c.sink.size(), 1) * 4);
+  if (!c.topk_length.empty()) topk_length.upload(c.topk_length.data(), c.topk_length.size() * 4);
+  if (!c.sink.empty()) sink.upload(c.sink.data(), c.sink.size() * 4);
+  out.fill16(0x7fc0);
+  lse.fill32(0x7fc00000u);
+  const MlaSparseDecodeArgs args = c.args(q.get(), cache.get(), indices.get(), topk_length.get(), sink.get(),
+                                          out.get(), DType::kBF16, lse.get());
+  std::size_t bytes = 0;
+  ASSERT_TRUE(mla_sparse_decode_workspace_size(c.problem(), &bytes));
+  DeviceBuffer ws(bytes);
+  MlaDecodePlan plan;
+  Status s = mla_sparse_decode_plan(c.problem(), args.topk_length, ws.get(), bytes, nullptr, &plan);
+  ASSERT_TRUE(s) << s.to_string();
+  s = mla_sparse_decode_fp8(args, plan, nullptr);
+  ASSERT_TRUE(s) << s.to_string();
+  MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto o = support::check_half_outputs(out.download<uint16_t>(), ref.out, DType::kBF16, "out");
+  EXPECT_TRUE(o.ok) << o.message << " (cosine diff " << o.cosine_diff << ")";
+  const auto l = support::check_float_stats(lse.download<float>(), ref.lse, "lse");
+  EXPECT_TRUE(l.ok) << l.message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, MlaSparseDecodeSweep, ::testing::ValuesIn(sparse_cases()),
+                         [](const ::testing::TestParamInfo<SparseSweepCase>& info) { return info.param.name(); });
+
+TEST(MlaSparseDecodeValidation, CausalAndHostPointersAndPlanMismatch) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  support::HostSparseCase c = support::make_sparse_case({.b = 2, .s_q = 1, .h_q = 16, .topk = 64, .seed = 3});
+  DeviceBuffer q(c.q), cache(c.cache), indices(c.indices), out(c.out_elems() * 2), lse(c.lse_elems() * 4);
+  MlaSparseDecodeArgs args =
+      c.args(q.get(), cache.get(), indices.get(), nullptr, nullptr, out.get(), DType::kBF16, lse.get());
+  std::size_t bytes = 0;
+  ASSERT_TRUE(mla_sparse_decode_workspace_size(c.problem(), &bytes));
+  DeviceBuffer ws(bytes);
+  MlaDecodePlan plan;
+  ASSERT_TRUE(mla_sparse_decode_plan(c.problem(), TensorRef{}, ws.get(), bytes, nullptr, &plan));
+  args.causal = true;
+  Status s = mla_sparse_decode_fp8(args, plan, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("causal"), std::string::npos) << s.message();
+  args.causal = false;
+  args.indices.data = c.indices.data();  // host memory
+  s = mla_sparse_decode_fp8(args, plan, nullptr);
+  EXPECT_NE(s.message().find("indices: expected device memory"), std::string::npos) << s.message();
+  args.indices.data = indices.get();
+  MlaDecodePlan other = plan;
+  other.problem.b = 5;
+  s = mla_sparse_decode_fp8(args, other, nullptr);
+  EXPECT_NE(s.message().find("plan: expected a plan for b * s_q = 2"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace mlakit::testing
