@@ -14,6 +14,7 @@
 #include "bench/device_data.h"
 #include "bench/measure.h"
 #include "bench/results_json.h"
+#include "bench/sparse_measure.h"
 
 namespace mlakit::bench {
 namespace {
@@ -187,7 +188,8 @@ JsonLine decode_json(const BenchCase& bc, const DecodeResult& r, const CopyResul
 
 int run(const Options& opt) {
   const std::vector<BenchCase> cases = filter_cases(bench_cases(opt.quick), opt.filter);
-  if (cases.empty()) usage_error("--filter '" + opt.filter + "' matches no case");
+  const std::vector<SparseBenchCase> sparse_cases = sparse_bench_cases(opt.quick, opt.filter);
+  if (cases.empty() && sparse_cases.empty()) usage_error("--filter '" + opt.filter + "' matches no case");
 
   int device_count = 0;
   const cudaError_t probe = cudaGetDeviceCount(&device_count);
@@ -260,6 +262,44 @@ int run(const Options& opt) {
         format(x.speedup.value_or(0), "%.3fx", x.speedup.has_value()).c_str());
     std::fflush(stdout);
     append_or_fail(results, run_fields(info, decode_json(bc, r, copy, x, info.dtype)));
+  }
+  if (!sparse_cases.empty()) {
+    std::printf("\n%-44s %10s %8s %8s %8s %17s %8s\n", "sparse FP8 case", "time_us", "plan_us", "TFLOP/s", "GB/s",
+                "FlashMLA(H100) us", "speedup");
+  }
+  for (const SparseBenchCase& sc : sparse_cases) {
+    const SparseResult r = run_sparse_case(sc, settings);
+    const bool has_baseline = sc.flashmla_h100_us.has_value();
+    const double speedup = has_baseline ? *sc.flashmla_h100_us / r.time_us : 0.0;
+    std::printf("%-44s %10.1f %8.1f %8.1f %8.0f %17s %8s\n", sc.name.c_str(), r.time_us, r.plan_us, r.tflops, r.gbps,
+                format(sc.flashmla_h100_us.value_or(0), "%.0f", has_baseline).c_str(),
+                format(speedup, "%.3fx", has_baseline).c_str());
+    std::fflush(stdout);
+    JsonLine line;
+    line.text("op", "mla_decode_sparse_fp8")
+        .text("case", sc.name)
+        .text("dtype", "bf16")
+        .integer("b", sc.b)
+        .integer("s_q", sc.s_q)
+        .integer("h_q", sc.h_q)
+        .integer("h_kv", 1)
+        .integer("topk", sc.topk)
+        .integer("s_k", sc.s_k)
+        .integer("page", sc.page)
+        .boolean("causal", false)
+        .boolean("varlen", false)
+        .number("time_us", r.time_us)
+        .number("plan_us", r.plan_us)
+        .number("flops", r.flops)
+        .number("bytes", r.bytes)
+        .number("tflops", r.tflops)
+        .number("gbps", r.gbps)
+        .text("kernel", "portable")
+        .number("copy_gbps", copy.gbps)
+        .number("baseline_us", sc.flashmla_h100_us)
+        .text("baseline", "FlashMLA H100 (PERF.md, fixed)")
+        .number("speedup", has_baseline ? std::optional<double>(speedup) : std::nullopt);
+    append_or_fail(results, run_fields(info, line));
   }
   std::printf(
       "\ntime_us: mla_decode (attention + combine), paid by every layer; plan_us: "

@@ -1,0 +1,34 @@
+// The sparse FP8 MLA decode cases of PERF.md / issue 4 and their measurement.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/measure.h"
+
+namespace mlakit::bench {
+
+struct SparseBenchCase {
+  std::string name;  // e.g. "sparse_b128_hq128_sq2_topk2048_sk32768_p64"
+  int64_t b = 0;
+  int s_q = 2;
+  int h_q = 128;
+  int topk = 2048;
+  int32_t s_k = 32768;  // cache tokens per sequence the indices choose from
+  int page = 64;
+  std::optional<double> flashmla_h100_us;
+};
+
+std::vector<SparseBenchCase> sparse_bench_cases(bool quick, const std::string& filter);
+
+struct SparseResult {
+  double time_us = 0, plan_us = 0, flops = 0, bytes = 0, tflops = 0, gbps = 0;
+};
+
+// Random bf16 cache quantized on the device, random in-sequence indices; times the plan and
+// the decode (PERF.md protocol) and checks every lse is finite.
+SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& settings);
+
+}  // namespace mlakit::bench
