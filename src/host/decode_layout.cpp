@@ -138,4 +138,25 @@ Status make_decode_layout(const MlaDecodeProblem& p, const DeviceInfo& device,
   return Status::ok();
 }
 
+Status attach_workspace(const char* op, void* workspace, std::size_t workspace_bytes, int device,
+                        MlaDecodePlan* layout) {
+  if (workspace == nullptr) return invalid(op, "workspace: expected a non-null pointer, got null");
+  const auto address = reinterpret_cast<std::uintptr_t>(workspace);
+  if (address % kWorkspaceAlignment != 0) {
+    return invalid(op, "workspace: expected a " + std::to_string(kWorkspaceAlignment) +
+                           "-byte aligned pointer, got an address = " + std::to_string(address % kWorkspaceAlignment) +
+                           " mod " + std::to_string(kWorkspaceAlignment));
+  }
+  if (workspace_bytes < layout->workspace_bytes) {
+    return Status(StatusCode::kWorkspaceTooSmall, std::string(op) + ": workspace_bytes: expected >= " +
+                                                      std::to_string(layout->workspace_bytes) +
+                                                      " (the workspace-size query), got " +
+                                                      std::to_string(workspace_bytes));
+  }
+  MLAKIT_RETURN_IF_ERROR(check_device_pointer(op, "workspace", workspace, device));
+  layout->workspace = workspace;
+  layout->workspace_bytes = workspace_bytes;
+  return Status::ok();
+}
+
 }  // namespace mlakit::detail

@@ -50,4 +50,9 @@ Status validate_decode_problem(const char* op, const MlaDecodeProblem& problem);
 Status make_decode_layout(const MlaDecodeProblem& problem, const DeviceInfo& device,
                           MlaDecodePlan* plan, MlaDecodeKernel request = MlaDecodeKernel::kAuto);
 
+// Checks the caller's workspace against `layout` (non-null, 256-byte aligned, large enough,
+// device memory) and attaches it.
+Status attach_workspace(const char* op, void* workspace, std::size_t workspace_bytes, int device,
+                        MlaDecodePlan* layout);
+
 }  // namespace mlakit::detail

@@ -67,23 +67,7 @@ Status mla_decode_plan(const MlaDecodeProblem& problem, const TensorRef& cache_s
   MLAKIT_RETURN_IF_ERROR(check_seqlens(kOp, cache_seqlens, problem.b, dev.ordinal));
   MlaDecodePlan layout;
   MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout, options.kernel));
-  if (workspace == nullptr) return invalid(kOp, "workspace: expected a non-null pointer, got null");
-  if (reinterpret_cast<std::uintptr_t>(workspace) % detail::kWorkspaceAlignment != 0) {
-    return invalid(kOp, "workspace: expected a " + std::to_string(detail::kWorkspaceAlignment) +
-                            "-byte aligned pointer, got an address = " +
-                            std::to_string(reinterpret_cast<std::uintptr_t>(workspace) %
-                                           detail::kWorkspaceAlignment) +
-                            " mod " + std::to_string(detail::kWorkspaceAlignment));
-  }
-  if (workspace_bytes < layout.workspace_bytes) {
-    return Status(StatusCode::kWorkspaceTooSmall,
-                  std::string(kOp) + ": workspace_bytes: expected >= " +
-                      std::to_string(layout.workspace_bytes) + " (mla_decode_workspace_size), got " +
-                      std::to_string(workspace_bytes));
-  }
-  MLAKIT_RETURN_IF_ERROR(detail::check_device_pointer(kOp, "workspace", workspace, dev.ordinal));
-  layout.workspace = workspace;
-  layout.workspace_bytes = workspace_bytes;
+  MLAKIT_RETURN_IF_ERROR(detail::attach_workspace(kOp, workspace, workspace_bytes, dev.ordinal, &layout));
 #if MLAKIT_WITH_CUDA
   MLAKIT_RETURN_IF_ERROR(detail::dispatch_decode_plan(
       layout, static_cast<const int32_t*>(cache_seqlens.data), stream));

@@ -73,18 +73,7 @@ Status mla_sparse_decode_plan(const MlaSparseDecodeProblem& problem, const Tenso
   MLAKIT_RETURN_IF_ERROR(check_topk_length(kOp, topk_length, problem.b, dev.ordinal));
   MlaDecodePlan layout;
   MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(scheduled, dev, &layout, MlaDecodeKernel::kPortable));
-  if (workspace == nullptr) return invalid(kOp, "workspace: expected a non-null pointer, got null");
-  if (reinterpret_cast<std::uintptr_t>(workspace) % detail::kWorkspaceAlignment != 0) {
-    return invalid(kOp, "workspace: expected a " + std::to_string(detail::kWorkspaceAlignment) + "-byte aligned pointer");
-  }
-  if (workspace_bytes < layout.workspace_bytes) {
-    return Status(StatusCode::kWorkspaceTooSmall, std::string(kOp) + ": workspace_bytes: expected >= " +
-                                                      std::to_string(layout.workspace_bytes) + ", got " +
-                                                      std::to_string(workspace_bytes));
-  }
-  MLAKIT_RETURN_IF_ERROR(detail::check_device_pointer(kOp, "workspace", workspace, dev.ordinal));
-  layout.workspace = workspace;
-  layout.workspace_bytes = workspace_bytes;
+  MLAKIT_RETURN_IF_ERROR(detail::attach_workspace(kOp, workspace, workspace_bytes, dev.ordinal, &layout));
 #if MLAKIT_WITH_CUDA
   MLAKIT_RETURN_IF_ERROR(
       detail::dispatch_sparse_decode_plan(layout, sparse_lengths(topk_length, problem.topk, problem.s_q), stream));

@@ -230,3 +230,27 @@ TEST(DecodeLayout, RejectsInvalidProblemsNamingTheField) {
 
 }  // namespace
 }  // namespace mlakit::detail
+
+namespace mlakit::detail {
+namespace {
+
+TEST(AttachWorkspace, ChecksPointerAlignmentAndSize) {
+  MlaDecodePlan layout;
+  ASSERT_TRUE(make_decode_layout(MlaDecodeProblem{.b = 3, .s_q = 1, .h_q = 16, .h_kv = 1}, h100(), &layout));
+  EXPECT_TRUE(IsInvalid(attach_workspace("op", nullptr, layout.workspace_bytes, 0, &layout),
+                        {"workspace", "non-null", "got null"}));
+  alignas(256) static char buffer[1 << 16];
+  EXPECT_TRUE(IsInvalid(attach_workspace("op", buffer + 16, layout.workspace_bytes, 0, &layout),
+                        {"workspace", "256-byte aligned", "16 mod 256"}));
+  EXPECT_TRUE(StatusIs(attach_workspace("op", buffer, layout.workspace_bytes - 1, 0, &layout),
+                       StatusCode::kWorkspaceTooSmall,
+                       {"workspace_bytes", "expected >= " + std::to_string(layout.workspace_bytes)}));
+  // A host buffer passes here only because this machine's runtime knows no device memory;
+  // the GPU suite checks that host pointers are rejected.
+  if (attach_workspace("op", buffer, layout.workspace_bytes, 0, &layout).is_ok()) {
+    EXPECT_EQ(layout.workspace, buffer);
+  }
+}
+
+}  // namespace
+}  // namespace mlakit::detail
