@@ -101,6 +101,10 @@ Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, const MlaDecodePla
   if (plan.workspace == nullptr || plan.num_parts < 1) {
     return invalid(kOp, "plan: expected a plan filled by mla_sparse_decode_plan, got an empty plan");
   }
+  if (plan.device != dev.ordinal) {
+    return invalid(kOp, "plan.device: expected " + std::to_string(dev.ordinal) + " (the current device), got " +
+                            std::to_string(plan.device));
+  }
   if (plan.problem.b != scheduled.b || plan.problem.h_q != scheduled.h_q || plan.problem.s_q != 1 ||
       plan.problem.h_kv != 1) {
     return invalid(kOp, "plan: expected a plan for b * s_q = " + std::to_string(scheduled.b) + ", h_q = " +
