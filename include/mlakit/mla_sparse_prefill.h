@@ -1,0 +1,40 @@
+// Token-sparse MLA prefill (SPEC section 3): every query token attends to its own `topk`
+// selected rows of a bf16 KV tensor. No batch dimension: callers pack sequences along s_q /
+// s_kv. Statistics are base 2 by default (FlashMLA's convention); `lse_base` makes the choice
+// explicit. This header holds the arguments and the CPU reference; the Hopper kernel follows
+// (issue 5).
+#pragma once
+
+#include <cstdint>
+
+#include "mlakit/mla_decode.h"
+#include "mlakit/status.h"
+#include "mlakit/tensor.h"
+
+namespace mlakit {
+
+enum class LseBase : int32_t {
+  kBase2 = 0,    // lse = log2(sum 2^P), max_logits = max P with P = q.k * sm_scale * log2(e)
+  kNatural = 1,  // the same quantities multiplied by ln(2): natural-log LSE and max logit
+};
+
+struct MlaSparsePrefillArgs {
+  TensorRef q;            // [s_q, h_q, d_qk]   bf16, d_qk 576 or 512
+  TensorRef kv;           // [s_kv, 1, d_qk]    bf16; V = the first d_v columns
+  TensorRef indices;      // [s_q, 1, topk]     int32; < 0 or >= s_kv: skipped
+  TensorRef topk_length;  // optional [s_q] int32: only the first topk_length[i] indices count
+  TensorRef attn_sink;    // optional [h_q] float32 (natural-log units): out *= 1 / (1 + exp(sink - lse_e))
+  TensorRef out;          // [s_q, h_q, d_v]    bf16 (or float32 for the reference)
+  TensorRef max_logits;   // [s_q, h_q]         float32 (-inf for a row with no valid index)
+  TensorRef lse;          // [s_q, h_q]         float32 (+inf for a row with no valid index)
+  float sm_scale = kDefaultSoftmaxScale;  // logit scale before the log2(e) factor; default 1/sqrt(d_qk)
+  int d_v = 512;
+  LseBase lse_base = LseBase::kBase2;
+};
+
+namespace reference {
+// float64 reference on host memory.
+Status mla_sparse_prefill(const MlaSparsePrefillArgs& args, int num_threads = 0);
+}  // namespace reference
+
+}  // namespace mlakit

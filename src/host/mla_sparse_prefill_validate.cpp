@@ -1,0 +1,97 @@
+#include "host/mla_sparse_prefill_validate.h"
+
+#include <cmath>
+#include <string>
+
+#include "host/check.h"
+
+namespace mlakit::detail {
+namespace {
+
+Status check_optional_vector(const char* op, const char* name, const TensorRef& t, DType dtype, const char* dim_name,
+                             int64_t size) {
+  if (t.empty()) return Status::ok();
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, name, t));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, name, t, {dtype}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, name, t, 1));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, name, t, 0, dim_name, size));
+  return check_last_dim_contiguous(op, name, t);
+}
+
+Status check_stat(const char* op, const char* name, const TensorRef& t, int64_t s_q, int h_q) {
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, name, t));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, name, t, {DType::kFP32}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, name, t, 2));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, name, t, 0, "s_q", s_q));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, name, t, 1, "h_q", h_q));
+  return check_last_dim_contiguous(op, name, t);
+}
+
+}  // namespace
+
+Status validate_mla_sparse_prefill_args(const char* op, const MlaSparsePrefillArgs& a, bool allow_float_out,
+                                        SparsePrefillShape* shape) {
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "q", a.q));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "q", a.q, {DType::kBF16}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "q", a.q, 3));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "q", a.q));
+  SparsePrefillShape s;
+  s.s_q = a.q.shape[0];
+  s.h_q = static_cast<int>(a.q.shape[1]);
+  s.d_qk = static_cast<int>(a.q.shape[2]);
+  if (s.d_qk != 576 && s.d_qk != 512) {
+    return unsupported(op, "q.shape[2] (d_qk): expected 576 or 512, got " + std::to_string(a.q.shape[2]));
+  }
+  if (s.h_q < 1 || a.q.shape[1] > 65536) {
+    return invalid(op, "q.shape[1] (h_q): expected 1 <= h_q <= 65536, got " + std::to_string(a.q.shape[1]));
+  }
+  if (a.d_v != 512) return unsupported(op, "d_v: expected 512, got " + std::to_string(a.d_v));
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "kv", a.kv));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "kv", a.kv, {DType::kBF16}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "kv", a.kv, 3));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "kv", a.kv, 1, "h_kv", 1));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "kv", a.kv, 2, "d_qk", s.d_qk));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "kv", a.kv));
+  s.s_kv = a.kv.shape[0];
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "indices", a.indices));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "indices", a.indices, {DType::kInt32}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "indices", a.indices, 3));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "indices", a.indices, 0, "s_q", s.s_q));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "indices", a.indices, 1, "h_kv", 1));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "indices", a.indices));
+  if (a.indices.shape[2] < 1 || a.indices.shape[2] > (1 << 20)) {
+    return invalid(op, "indices.shape[2] (topk): expected 1 <= topk <= 2^20, got " +
+                           std::to_string(a.indices.shape[2]));
+  }
+  s.topk = static_cast<int>(a.indices.shape[2]);
+
+  MLAKIT_RETURN_IF_ERROR(check_optional_vector(op, "topk_length", a.topk_length, DType::kInt32, "s_q", s.s_q));
+  MLAKIT_RETURN_IF_ERROR(check_optional_vector(op, "attn_sink", a.attn_sink, DType::kFP32, "h_q", s.h_q));
+
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "out", a.out));
+  if (allow_float_out) {
+    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "out", a.out, {DType::kBF16, DType::kFP32}));
+  } else {
+    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "out", a.out, {DType::kBF16}));
+  }
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "out", a.out, 3));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 0, "s_q", s.s_q));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 1, "h_q", s.h_q));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 2, "d_v", a.d_v));
+  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "out", a.out));
+  MLAKIT_RETURN_IF_ERROR(check_stat(op, "max_logits", a.max_logits, s.s_q, s.h_q));
+  MLAKIT_RETURN_IF_ERROR(check_stat(op, "lse", a.lse, s.s_q, s.h_q));
+
+  if (a.lse_base != LseBase::kBase2 && a.lse_base != LseBase::kNatural) {
+    return invalid(op, "lse_base: expected kBase2 or kNatural, got " + std::to_string(static_cast<int>(a.lse_base)));
+  }
+  if (std::isinf(a.sm_scale)) {
+    return invalid(op, "sm_scale: expected a finite value (or kDefaultSoftmaxScale), got " + std::to_string(a.sm_scale));
+  }
+  *shape = s;
+  return Status::ok();
+}
+
+}  // namespace mlakit::detail
