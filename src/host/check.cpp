@@ -105,6 +105,20 @@ Status check_row_alignment(const char* op, const char* name, const TensorRef& t,
   return Status::ok();
 }
 
+Status check_vector(const char* op, const char* name, const TensorRef& t, DType dtype, const char* dim_name,
+                    int64_t size) {
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, name, t));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, name, t, {dtype}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, name, t, 1));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, name, t, 0, dim_name, size));
+  return check_last_dim_contiguous(op, name, t);
+}
+
+Status check_optional_vector(const char* op, const char* name, const TensorRef& t, DType dtype,
+                             const char* dim_name, int64_t size) {
+  return t.empty() ? Status::ok() : check_vector(op, name, t, dtype, dim_name, size);
+}
+
 Status check_extent_fits(const char* op, const char* name, const TensorRef& t) {
   // Largest element offset = sum (shape-1)*stride; compute with overflow checks.
   const int64_t limit = std::numeric_limits<int64_t>::max() / 16;

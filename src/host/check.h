@@ -32,6 +32,13 @@ Status check_row_alignment(const char* op, const char* name, const TensorRef& t,
 // representable as a signed 64-bit element count (guards against overflowing strides).
 Status check_extent_fits(const char* op, const char* name, const TensorRef& t);
 
+// A contiguous rank-1 tensor of `dtype` with `size` elements (dimension named `dim_name`);
+// the optional form accepts an empty TensorRef (argument not given).
+Status check_vector(const char* op, const char* name, const TensorRef& t, DType dtype, const char* dim_name,
+                    int64_t size);
+Status check_optional_vector(const char* op, const char* name, const TensorRef& t, DType dtype,
+                             const char* dim_name, int64_t size);
+
 std::string shape_string(const TensorRef& t);
 
 }  // namespace mlakit::detail

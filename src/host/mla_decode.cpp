@@ -32,11 +32,7 @@ Status current_supported_device(const char* op, detail::DeviceInfo* dev) {
 
 Status check_seqlens(const char* op, const TensorRef& seqlens, int64_t b, int device) {
   using namespace detail;
-  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "cache_seqlens", seqlens));
-  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "cache_seqlens", seqlens, {DType::kInt32}));
-  MLAKIT_RETURN_IF_ERROR(check_rank(op, "cache_seqlens", seqlens, 1));
-  MLAKIT_RETURN_IF_ERROR(check_dim(op, "cache_seqlens", seqlens, 0, "b", b));
-  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "cache_seqlens", seqlens));
+  MLAKIT_RETURN_IF_ERROR(check_vector(op, "cache_seqlens", seqlens, DType::kInt32, "b", b));
   MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "cache_seqlens", seqlens, 4));
   return check_device_pointer(op, "cache_seqlens", seqlens.data, device);
 }

@@ -43,11 +43,7 @@ detail::SeqLengths sparse_lengths(const TensorRef& topk_length, int topk, int s_
 Status check_topk_length(const char* op, const TensorRef& t, int64_t b, int device) {
   if (t.empty()) return Status::ok();
   using namespace detail;
-  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "topk_length", t));
-  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "topk_length", t, {DType::kInt32}));
-  MLAKIT_RETURN_IF_ERROR(check_rank(op, "topk_length", t, 1));
-  MLAKIT_RETURN_IF_ERROR(check_dim(op, "topk_length", t, 0, "b", b));
-  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "topk_length", t));
+  MLAKIT_RETURN_IF_ERROR(check_vector(op, "topk_length", t, DType::kInt32, "b", b));
   MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "topk_length", t, 4));
   return check_device_pointer(op, "topk_length", t.data, device);
 }

@@ -47,20 +47,8 @@ Status validate_mla_sparse_decode_args(const char* op, const MlaSparseDecodeArgs
                            std::to_string(a.indices.shape[2]));
   }
 
-  if (!a.topk_length.empty()) {
-    MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "topk_length", a.topk_length));
-    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "topk_length", a.topk_length, {DType::kInt32}));
-    MLAKIT_RETURN_IF_ERROR(check_rank(op, "topk_length", a.topk_length, 1));
-    MLAKIT_RETURN_IF_ERROR(check_dim(op, "topk_length", a.topk_length, 0, "b", s.b));
-    MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "topk_length", a.topk_length));
-  }
-  if (!a.attn_sink.empty()) {
-    MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "attn_sink", a.attn_sink));
-    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "attn_sink", a.attn_sink, {DType::kFP32}));
-    MLAKIT_RETURN_IF_ERROR(check_rank(op, "attn_sink", a.attn_sink, 1));
-    MLAKIT_RETURN_IF_ERROR(check_dim(op, "attn_sink", a.attn_sink, 0, "h_q", s.h_q));
-    MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "attn_sink", a.attn_sink));
-  }
+  MLAKIT_RETURN_IF_ERROR(check_optional_vector(op, "topk_length", a.topk_length, DType::kInt32, "b", s.b));
+  MLAKIT_RETURN_IF_ERROR(check_optional_vector(op, "attn_sink", a.attn_sink, DType::kFP32, "h_q", s.h_q));
 
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "out", a.out));
   if (allow_float_out) {

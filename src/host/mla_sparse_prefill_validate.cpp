@@ -8,16 +8,6 @@
 namespace mlakit::detail {
 namespace {
 
-Status check_optional_vector(const char* op, const char* name, const TensorRef& t, DType dtype, const char* dim_name,
-                             int64_t size) {
-  if (t.empty()) return Status::ok();
-  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, name, t));
-  MLAKIT_RETURN_IF_ERROR(check_dtype(op, name, t, {dtype}));
-  MLAKIT_RETURN_IF_ERROR(check_rank(op, name, t, 1));
-  MLAKIT_RETURN_IF_ERROR(check_dim(op, name, t, 0, dim_name, size));
-  return check_last_dim_contiguous(op, name, t);
-}
-
 Status check_stat(const char* op, const char* name, const TensorRef& t, int64_t s_q, int h_q) {
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, name, t));
   MLAKIT_RETURN_IF_ERROR(check_dtype(op, name, t, {DType::kFP32}));
