@@ -1,5 +1,6 @@
 #include "host/check.h"
 
+#include <cmath>
 #include <limits>
 #include <sstream>
 
@@ -117,6 +118,16 @@ Status check_vector(const char* op, const char* name, const TensorRef& t, DType 
 Status check_optional_vector(const char* op, const char* name, const TensorRef& t, DType dtype,
                              const char* dim_name, int64_t size) {
   return t.empty() ? Status::ok() : check_vector(op, name, t, dtype, dim_name, size);
+}
+
+Status check_logit_scale(const char* op, const char* name, float scale) {
+  if (!std::isinf(scale)) return Status::ok();
+  return invalid(op, std::string(name) + ": expected a finite value (or kDefaultSoftmaxScale), got " +
+                         std::to_string(scale));
+}
+
+Status check_output_dtype(const char* op, const char* name, const TensorRef& t, DType dtype, bool allow_float) {
+  return allow_float ? check_dtype(op, name, t, {dtype, DType::kFP32}) : check_dtype(op, name, t, {dtype});
 }
 
 Status check_extent_fits(const char* op, const char* name, const TensorRef& t) {

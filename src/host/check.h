@@ -39,6 +39,11 @@ Status check_vector(const char* op, const char* name, const TensorRef& t, DType 
 Status check_optional_vector(const char* op, const char* name, const TensorRef& t, DType dtype,
                              const char* dim_name, int64_t size);
 
+// A logit scale: finite, or NaN for "the default" (kDefaultSoftmaxScale).
+Status check_logit_scale(const char* op, const char* name, float scale);
+// An output in `dtype`, or also float32 (the CPU references' unrounded results).
+Status check_output_dtype(const char* op, const char* name, const TensorRef& t, DType dtype, bool allow_float);
+
 std::string shape_string(const TensorRef& t);
 
 }  // namespace mlakit::detail

@@ -95,7 +95,7 @@ Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecod
 
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "out", a.out));
   if (allow_float_out) {
-    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "out", a.out, {a.q.dtype, DType::kFP32}));
+    MLAKIT_RETURN_IF_ERROR(check_output_dtype(op, "out", a.out, a.q.dtype, true));
   } else {
     MLAKIT_RETURN_IF_ERROR(check_same_dtype(op, "out", a.out, "q", a.q.dtype));
   }
@@ -118,10 +118,7 @@ Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecod
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "lse", a.lse, 2, "s_q", p.s_q));
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "lse", a.lse));
 
-  if (std::isinf(a.softmax_scale)) {
-    return invalid(op, "softmax_scale: expected a finite value (or kDefaultSoftmaxScale), got " +
-                           std::to_string(a.softmax_scale));
-  }
+  MLAKIT_RETURN_IF_ERROR(check_logit_scale(op, "softmax_scale", a.softmax_scale));
   MLAKIT_RETURN_IF_ERROR(validate_decode_problem(op, p));
   *problem = p;
   return Status::ok();

@@ -51,11 +51,7 @@ Status validate_mla_sparse_decode_args(const char* op, const MlaSparseDecodeArgs
   MLAKIT_RETURN_IF_ERROR(check_optional_vector(op, "attn_sink", a.attn_sink, DType::kFP32, "h_q", s.h_q));
 
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "out", a.out));
-  if (allow_float_out) {
-    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "out", a.out, {DType::kBF16, DType::kFP32}));
-  } else {
-    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "out", a.out, {DType::kBF16}));
-  }
+  MLAKIT_RETURN_IF_ERROR(check_output_dtype(op, "out", a.out, DType::kBF16, allow_float_out));
   MLAKIT_RETURN_IF_ERROR(check_rank(op, "out", a.out, 4));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 0, "b", s.b));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 1, "s_q", s.s_q));
@@ -74,10 +70,7 @@ Status validate_mla_sparse_decode_args(const char* op, const MlaSparseDecodeArgs
   if (a.causal) {
     return invalid(op, "causal: expected false (sparse attention attends exactly the listed indices), got true");
   }
-  if (std::isinf(a.softmax_scale)) {
-    return invalid(op, "softmax_scale: expected a finite value (or kDefaultSoftmaxScale), got " +
-                           std::to_string(a.softmax_scale));
-  }
+  MLAKIT_RETURN_IF_ERROR(check_logit_scale(op, "softmax_scale", a.softmax_scale));
   *shape = s;
   return Status::ok();
 }

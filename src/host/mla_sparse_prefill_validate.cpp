@@ -61,11 +61,7 @@ Status validate_mla_sparse_prefill_args(const char* op, const MlaSparsePrefillAr
   MLAKIT_RETURN_IF_ERROR(check_optional_vector(op, "attn_sink", a.attn_sink, DType::kFP32, "h_q", s.h_q));
 
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "out", a.out));
-  if (allow_float_out) {
-    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "out", a.out, {DType::kBF16, DType::kFP32}));
-  } else {
-    MLAKIT_RETURN_IF_ERROR(check_dtype(op, "out", a.out, {DType::kBF16}));
-  }
+  MLAKIT_RETURN_IF_ERROR(check_output_dtype(op, "out", a.out, DType::kBF16, allow_float_out));
   MLAKIT_RETURN_IF_ERROR(check_rank(op, "out", a.out, 3));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 0, "s_q", s.s_q));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 1, "h_q", s.h_q));
@@ -77,9 +73,7 @@ Status validate_mla_sparse_prefill_args(const char* op, const MlaSparsePrefillAr
   if (a.lse_base != LseBase::kBase2 && a.lse_base != LseBase::kNatural) {
     return invalid(op, "lse_base: expected kBase2 or kNatural, got " + std::to_string(static_cast<int>(a.lse_base)));
   }
-  if (std::isinf(a.sm_scale)) {
-    return invalid(op, "sm_scale: expected a finite value (or kDefaultSoftmaxScale), got " + std::to_string(a.sm_scale));
-  }
+  MLAKIT_RETURN_IF_ERROR(check_logit_scale(op, "sm_scale", a.sm_scale));
   *shape = s;
   return Status::ok();
 }
