@@ -87,6 +87,50 @@ TEST_P(MlaSparseDecodeSweep, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Sweep, MlaSparseDecodeSweep, ::testing::ValuesIn(sparse_cases()),
                          [](const ::testing::TestParamInfo<SparseSweepCase>& info) { return info.param.name(); });
 
+TEST(MlaSparseDecodeGraph, CaptureAndReplayMatchEagerBits) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  support::HostSparseCase c = support::make_sparse_case(
+      {.b = 6, .s_q = 2, .h_q = 64, .topk = 576, .num_blocks = 12, .page_size = 64, .with_topk_length = true, .seed = 21});
+  DeviceBuffer q(c.q), cache(c.cache), indices(c.indices), lengths(c.topk_length), out(c.out_elems() * 2),
+      lse(c.lse_elems() * 4);
+  const MlaSparseDecodeArgs args =
+      c.args(q.get(), cache.get(), indices.get(), lengths.get(), nullptr, out.get(), DType::kBF16, lse.get());
+  std::size_t bytes = 0;
+  ASSERT_TRUE(mla_sparse_decode_workspace_size(c.problem(), &bytes));
+  DeviceBuffer ws(bytes);
+  cudaStream_t stream;
+  MLAKIT_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  MlaDecodePlan plan;
+  ASSERT_TRUE(mla_sparse_decode_plan(c.problem(), args.topk_length, ws.get(), bytes, stream, &plan));
+  ASSERT_TRUE(mla_sparse_decode_fp8(args, plan, stream));
+  MLAKIT_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  const auto eager_out = out.download<uint16_t>();
+  const auto eager_lse = lse.download<uint32_t>();
+
+  cudaGraph_t graph;
+  MLAKIT_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  MlaDecodePlan captured;
+  const Status plan_status = mla_sparse_decode_plan(c.problem(), args.topk_length, ws.get(), bytes, stream, &captured);
+  const Status run_status = mla_sparse_decode_fp8(args, captured, stream);
+  MLAKIT_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(plan_status) << plan_status.to_string();
+  ASSERT_TRUE(run_status) << run_status.to_string();
+  cudaGraphExec_t exec;
+  MLAKIT_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  out.fill16(0x7fc0);
+  lse.fill32(0x7fc00000u);
+  MLAKIT_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+  MLAKIT_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  EXPECT_EQ(out.download<uint16_t>(), eager_out);
+  EXPECT_EQ(lse.download<uint32_t>(), eager_lse);
+  const support::SparseReferenceResult ref = support::run_sparse_reference(c);
+  const auto o = support::check_half_outputs(eager_out, ref.out, DType::kBF16, "out");
+  EXPECT_TRUE(o.ok) << o.message;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 TEST(MlaSparseDecodeValidation, CausalAndHostPointersAndPlanMismatch) {
   MLAKIT_SKIP_WITHOUT_GPU();
   support::HostSparseCase c = support::make_sparse_case({.b = 2, .s_q = 1, .h_q = 16, .topk = 64, .seed = 3});
