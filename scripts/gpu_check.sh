@@ -26,7 +26,12 @@ start=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader >"$OUT/gpu.txt" 2>&1
 note "gpu: $(head -1 "$OUT/gpu.txt")  commit: $MLAKIT_COMMIT"
 
-if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKIT_ENABLE_CUDA=ON &&
+# The Python package is built too where python3 has nanobind (the device image has it).
+python_options=""
+if python3 -c "import nanobind, pytest" >/dev/null 2>&1; then
+  python_options="-DMLAKIT_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(command -v python3)"
+fi
+if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKIT_ENABLE_CUDA=ON $python_options &&
        cmake --build "$build" -j "$(nproc)"; } >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"
   note "build: FAILED (see build.log)"
@@ -48,6 +53,10 @@ if [ "$run_tests" = 1 ]; then
   note "gpu tests: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|SKIPPED' "$OUT/gpu_tests.log" | head -12 | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -8 | tee -a "$summary"
   grep -B1 -A3 "Failure" "$OUT/gpu_tests.log" | grep -E "got|differ|Expected|status" | head -8 | tee -a "$summary"
+  if [ -n "$python_options" ]; then
+    PYTHONPATH="$PWD/$build/python" timeout 300 python3 -m pytest -q -rs tests/python >"$OUT/python_tests.log" 2>&1
+    note "python tests: rc=$? $(tail -1 "$OUT/python_tests.log")"
+  fi
   timeout 120 "$build/apps/mlakit-run" >"$OUT/main_job.log" 2>&1
   note "main job: rc=$?"; tail -6 "$OUT/main_job.log" | tee -a "$summary"
 fi
