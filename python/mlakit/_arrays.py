@@ -1,0 +1,134 @@
+"""How mlakit meets array frameworks (NumPy, PyTorch, CuPy): where an array lives, how its
+framework allocates outputs and workspaces, which stream it runs on, and the view of it the
+extension takes.
+
+mlakit allocates nothing itself: every output and workspace comes from the framework of the
+caller's arrays, on their device, so its memory pool, stream semantics and CUDA-graph
+capture apply to it as to any other tensor of that framework.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager, Optional, Tuple
+
+# DLPack device types that the CPU can read: kDLCPU and kDLCUDAHost (pinned memory).
+_HOST_DEVICE_TYPES = (1, 3)
+
+
+def framework(x: Any) -> str:
+    """'numpy', 'torch', 'cupy' or 'other' (e.g. JAX, whose arrays are immutable)."""
+    module = type(x).__module__.split(".")[0]
+    return module if module in ("numpy", "torch", "cupy") else "other"
+
+
+def on_host(x: Any) -> bool:
+    """True for arrays in host memory: those run the float64 CPU reference."""
+    if framework(x) == "numpy":
+        return True
+    return int(x.__dlpack_device__()[0]) in _HOST_DEVICE_TYPES
+
+
+def _bfloat16_host_dtype() -> Any:
+    """NumPy has no bfloat16: ml_dtypes' when installed, else uint16 bit patterns (which the
+    extension reads as bfloat16)."""
+    import numpy as np
+
+    try:
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    except ImportError:
+        return np.uint16
+
+
+def dtype(like: Any, name: str) -> Any:
+    """The dtype called `name` ('float32', 'int32', 'uint8', 'bfloat16') in `like`'s framework."""
+    kind = framework(like)
+    if kind == "torch":
+        import torch
+
+        return getattr(torch, name)
+    if name == "bfloat16":
+        # CuPy has no bfloat16 either: bit patterns there too.
+        return _bfloat16_host_dtype() if kind == "numpy" else "uint16"
+    return name
+
+
+def empty(like: Any, shape: Tuple[int, ...], dtype_name: Optional[str] = None) -> Any:
+    """An uninitialised array of `shape` in `like`'s framework and device, of dtype
+    `dtype_name` or `like`'s dtype."""
+    kind = framework(like)
+    if kind == "numpy":
+        import numpy as np
+
+        return np.empty(shape, dtype=dtype(like, dtype_name) if dtype_name else like.dtype)
+    if kind == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=dtype(like, dtype_name) if dtype_name else like.dtype, device=like.device)
+    if kind == "cupy":
+        import cupy
+
+        with like.device:
+            return cupy.empty(shape, dtype=dtype(like, dtype_name) if dtype_name else like.dtype)
+    raise TypeError(
+        f"mlakit: cannot allocate outputs for arrays of type {type(like).__module__}.{type(like).__name__}: "
+        "mlakit writes its outputs into arrays of the caller's framework, which must be NumPy, PyTorch or CuPy "
+        "(JAX arrays are immutable: pass e.g. torch.from_dlpack(x) views)"
+    )
+
+
+def int32_view(buffer: Any, offset: int, shape: Tuple[int, ...]) -> Any:
+    """The int32 array of `shape` at byte `offset` of the uint8 array `buffer` (a view: it
+    shares buffer's memory and keeps it alive)."""
+    count = 1
+    for n in shape:
+        count *= n
+    region = buffer[offset : offset + 4 * count]
+    return region.view(dtype(buffer, "int32")).reshape(shape)
+
+
+def extension_view(x: Any) -> Any:
+    """The view of `x` that DLPack can carry to the extension: ml_dtypes bfloat16 arrays as
+    uint16 bit patterns (NumPy cannot export them), PyTorch float8 tensors (FlashMLA's
+    FP8-cache dtype) as their bytes. Other arrays, and None, pass unchanged."""
+    if x is None:
+        return None
+    kind = framework(x)
+    if kind == "numpy" and x.dtype.name == "bfloat16":
+        import numpy as np
+
+        return x.view(np.uint16)
+    if kind == "torch" and str(x.dtype).startswith("torch.float8"):
+        import torch
+
+        return x.view(torch.uint8)
+    return x
+
+
+def current_stream(like: Any) -> int:
+    """The caller's current CUDA stream for `like`'s device, as an integer handle."""
+    kind = framework(like)
+    if kind == "torch":
+        import torch
+
+        return torch.cuda.current_stream(like.device).cuda_stream
+    if kind == "cupy":
+        import cupy
+
+        with like.device:
+            return cupy.cuda.get_current_stream().ptr
+    return 0
+
+
+def device_scope(like: Any) -> ContextManager[Any]:
+    """Makes `like`'s GPU the current device: mlakit checks plans and pointers against it."""
+    kind = framework(like)
+    if kind == "torch" and like.device.type == "cuda":
+        import torch
+
+        return torch.cuda.device(like.device)
+    if kind == "cupy":
+        return like.device
+    return contextlib.nullcontext()

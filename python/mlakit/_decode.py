@@ -1,0 +1,68 @@
+"""Dense MLA decode over a paged cache (SPEC section 1): plan once per step, decode per layer."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from . import _arrays as arrays
+from . import _mlakit as _C
+
+MlaDecodePlan = _C.MlaDecodePlan
+#: A plan and the workspace it lives in: keep both for as long as the plan is used.
+WorkspacePlan = Tuple[Any, MlaDecodePlan]
+
+D_V = 512
+
+
+def mla_decode_plan(cache_seqlens: Any, s_q: int, h_q: int, h_kv: int = 1, kernel: str = "auto") -> WorkspacePlan:
+    """Split-KV schedule of one decoding step, computed on the device from ``cache_seqlens``
+    ([b] int32, device) on the current stream; nothing is read back to the host, so it can be
+    captured in a CUDA graph.
+
+    ``kernel``: 'auto' (the Hopper kernel on compute capability 9.0, else the portable one),
+    'portable' or 'sm90'. Returns ``(workspace, plan)``, the workspace allocated by
+    ``cache_seqlens``' framework: pass it to every layer's :func:`mla_decode` of the step.
+    """
+    b = int(cache_seqlens.shape[0])
+    with arrays.device_scope(cache_seqlens):
+        workspace = arrays.empty(cache_seqlens, (_C.mla_decode_workspace_size(b, s_q, h_q, h_kv, kernel),), "uint8")
+        plan = _C.mla_decode_plan(
+            b, s_q, h_q, h_kv, cache_seqlens, workspace, arrays.current_stream(cache_seqlens), kernel
+        )
+    return workspace, plan
+
+
+def mla_decode(
+    q: Any,
+    kv_cache: Any,
+    block_table: Any,
+    cache_seqlens: Any,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    plan: Optional[WorkspacePlan] = None,
+) -> Tuple[Any, Any]:
+    """Dense MLA decode of one layer over a paged cache (SPEC section 1).
+
+    q: [b, s_q, h_q, 576]; kv_cache: [num_blocks, page_size, h_kv, 576] (same dtype, bfloat16
+    or float16); block_table: [b, max_blocks] int32; cache_seqlens: [b] int32.
+    ``softmax_scale`` defaults to 1/sqrt(576); ``causal`` masks the s_q new tokens (MTP).
+    ``plan``: the ``(workspace, plan)`` of :func:`mla_decode_plan` for device arrays (made
+    here when None); host arrays need none.
+
+    Returns ``(out [b, s_q, h_q, 512] in q's dtype, lse [b, h_q, s_q] float32)``, natural-log
+    LSE; rows that see no key give 0 and +inf.
+    """
+    b, s_q, h_q = int(q.shape[0]), int(q.shape[1]), int(q.shape[2])
+    out = arrays.empty(q, (b, s_q, h_q, D_V))
+    lse = arrays.empty(q, (b, h_q, s_q), "float32")
+    v = arrays.extension_view
+    if arrays.on_host(q):
+        _C.mla_decode_reference(v(q), v(kv_cache), block_table, cache_seqlens, v(out), lse, softmax_scale, causal)
+        return out, lse
+    with arrays.device_scope(q):
+        if plan is None:
+            plan = mla_decode_plan(cache_seqlens, s_q, h_q, int(kv_cache.shape[2]))
+        _C.mla_decode(
+            q, kv_cache, block_table, cache_seqlens, out, lse, plan[1], softmax_scale, causal, arrays.current_stream(q)
+        )
+    return out, lse

@@ -1,0 +1,277 @@
+"""FlashMLA's Python API on mlakit: ``from mlakit import flash_mla`` in place of ``import
+flash_mla``, same names, arguments, defaults, shapes and return values.
+
+- ``get_mla_metadata()`` returns ``(FlashMLASchedMeta(), None)`` (FlashMLA's current API): the
+  first ``flash_mla_with_kvcache`` call of a step makes the schedule, the other layers reuse it.
+- ``get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
+  is_fp8_kvcache=False, topk=None)`` returns ``(tile_scheduler_metadata [num_sm_parts, 8]
+  int32, num_splits [b + 1] int32)`` (FlashMLA's earlier API), computed on the device now.
+- ``flash_mla_with_kvcache`` takes either form: dense bf16/fp16 decode, or with
+  ``is_fp8_kvcache=True`` and ``indices`` the token-sparse decode over the 656-byte FP8 cache.
+- ``flash_mla_sparse_fwd``: sparse prefill (base-2 statistics, SPEC section 3).
+
+Host arrays (NumPy, CPU tensors) run the float64 CPU reference and need no metadata. What is
+not honoured raises NotImplementedError: the dense FP8 cache, extra_k_cache /
+extra_indices_in_kvcache / extra_topk_length, indexer_topk > 0, and the sparse prefill on
+device arrays until mlakit has its GPU kernel. docs/python.md has the details.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Optional, Tuple, Union
+
+from . import _arrays as arrays
+from . import _flash_mla_schedule as schedules
+from ._decode import D_V, mla_decode, mla_decode_plan
+from ._mlakit import mla_decode as _decode_on_device
+from ._mlakit import mla_sparse_decode_fp8 as _sparse_decode_on_device
+from ._sparse_decode import mla_sparse_decode, mla_sparse_decode_plan
+from ._sparse_prefill import mla_sparse_prefill
+
+__all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd"]
+
+
+@dataclasses.dataclass
+class FlashMLASchedMeta:
+    """Scheduler metadata of one decoding step, filled by the first ``flash_mla_with_kvcache``
+    call that receives it; reuse it for the step's other layers (same shapes, same
+    cache_seqlens / topk_length values)."""
+
+    @dataclasses.dataclass
+    class Config:
+        b: int
+        s_q: int
+        h_q: int
+        page_block_size: int
+        h_k: int
+        causal: bool
+        is_fp8_kvcache: bool
+        topk: Optional[int]
+        extra_page_block_size: Optional[int]
+        extra_topk: Optional[int]
+
+    have_initialized: bool = False
+    config: Optional[Config] = None
+    #: Views of the plan's workspace, for inspection: [num_parts, 8] and [b + 1] int32
+    #: ([b * s_q + 1] for the sparse decode, which schedules each query token on its own).
+    tile_scheduler_metadata: Optional[Any] = None
+    num_splits: Optional[Any] = None
+    _schedule: Optional[schedules.Schedule] = dataclasses.field(default=None, repr=False)
+
+
+def get_mla_metadata(
+    cache_seqlens: Optional[Any] = None,
+    num_q_tokens_per_head_k: Optional[int] = None,
+    num_heads_k: Optional[int] = None,
+    num_heads_q: Optional[int] = None,
+    is_fp8_kvcache: bool = False,
+    topk: Optional[int] = None,
+) -> Union[Tuple[FlashMLASchedMeta, None], Tuple[Any, Any]]:
+    """Scheduling metadata of one decoding step.
+
+    Without arguments: ``(FlashMLASchedMeta(), None)``, filled by the first
+    :func:`flash_mla_with_kvcache` call.
+
+    With arguments: ``(tile_scheduler_metadata [num_sm_parts, 8] int32, num_splits [b + 1]
+    int32)`` for ``cache_seqlens`` ([b] int32), computed on the device on the current stream.
+    ``num_q_tokens_per_head_k`` = s_q * h_q / h_k; ``num_heads_k`` = h_k. For the sparse FP8
+    decode pass ``num_heads_q``, ``is_fp8_kvcache=True`` and ``topk``. Pass the returned arrays
+    themselves to flash_mla_with_kvcache (mlakit finds its plan from them, so copies cost a
+    new plan per call). Host arrays get placeholders of the same shapes (the CPU reference
+    needs no schedule).
+    """
+    if cache_seqlens is None:
+        return FlashMLASchedMeta(), None
+    if num_q_tokens_per_head_k is None or num_heads_k is None:
+        raise TypeError("get_mla_metadata: pass no argument, or cache_seqlens, num_q_tokens_per_head_k and num_heads_k")
+    b = int(cache_seqlens.shape[0])
+    sparse = topk is not None
+    _check_cache_kind(is_fp8_kvcache, sparse)
+    if arrays.on_host(cache_seqlens):
+        import numpy as np
+
+        return np.zeros((1, 8), dtype=np.int32), np.zeros((b + 1,), dtype=np.int32)
+    if sparse:
+        if num_heads_q is None:
+            raise ValueError("get_mla_metadata: num_heads_q: expected the number of query heads for the sparse decode (topk given), got None")
+        rows = num_q_tokens_per_head_k * num_heads_k
+        if rows % num_heads_q != 0:
+            raise ValueError(
+                f"get_mla_metadata: num_q_tokens_per_head_k * num_heads_k = {rows}: expected a multiple of "
+                f"num_heads_q = {num_heads_q} (s_q * h_q)"
+            )
+        workspace, plan = mla_sparse_decode_plan(b, rows // num_heads_q, num_heads_q, topk, cache_seqlens)
+    else:
+        workspace, plan = mla_decode_plan(cache_seqlens, 1, num_q_tokens_per_head_k * num_heads_k, num_heads_k)
+    schedule = schedules.Schedule(workspace, plan, sparse=sparse)
+    tile_scheduler_metadata, num_splits = schedule.views()
+    schedules.register(tile_scheduler_metadata, schedule)
+    return tile_scheduler_metadata, num_splits
+
+
+def flash_mla_with_kvcache(
+    q: Any,
+    k_cache: Any,
+    block_table: Optional[Any],
+    cache_seqlens: Optional[Any],
+    head_dim_v: int,
+    tile_scheduler_metadata: Any,
+    num_splits: Optional[Any] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    is_fp8_kvcache: bool = False,
+    indices: Optional[Any] = None,
+    attn_sink: Optional[Any] = None,
+    extra_k_cache: Optional[Any] = None,
+    extra_indices_in_kvcache: Optional[Any] = None,
+    topk_length: Optional[Any] = None,
+    extra_topk_length: Optional[Any] = None,
+) -> Tuple[Any, Any]:
+    """MLA decode over a paged KV cache, on the current stream.
+
+    q: [b, s_q, h_q, 576]. Dense: k_cache [num_blocks, page_block_size, h_k, 576] (q's dtype,
+    bfloat16 or float16), block_table [b, max_blocks] int32, cache_seqlens [b] int32, optional
+    ``causal`` (MTP). Sparse (``is_fp8_kvcache=True`` with ``indices``): q bfloat16, k_cache
+    the 656-byte FP8 cache [num_blocks, page_block_size, 1, 656] (uint8 or float8 view),
+    indices [b, s_q, topk] int32 slots ``block * page_block_size + offset`` (-1: none),
+    optional topk_length [b] int32 and attn_sink [h_q] float32; block_table and cache_seqlens
+    are not used. ``head_dim_v`` must be 512; ``softmax_scale`` defaults to 1/sqrt(576).
+    ``tile_scheduler_metadata`` / ``num_splits``: from :func:`get_mla_metadata`, either form.
+
+    Returns ``(out [b, s_q, h_q, 512] in q's dtype, softmax_lse [b, h_q, s_q] float32)``.
+    """
+    _reject_unsupported(extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
+    if head_dim_v != D_V:
+        raise ValueError(f"flash_mla_with_kvcache: head_dim_v: expected {D_V}, got {head_dim_v}")
+    sparse = indices is not None
+    _check_cache_kind(is_fp8_kvcache, sparse)
+    if sparse and causal:
+        raise ValueError("flash_mla_with_kvcache: causal: expected False with indices (sparse attention), got True")
+    if not sparse and (attn_sink is not None or topk_length is not None):
+        raise ValueError("flash_mla_with_kvcache: attn_sink and topk_length: expected None for dense attention (no indices)")
+
+    if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
+        if num_splits is not None:
+            raise ValueError("flash_mla_with_kvcache: num_splits: expected None with a FlashMLASchedMeta")
+        _check_config(tile_scheduler_metadata, _config(q, k_cache, causal, is_fp8_kvcache, indices))
+    if arrays.on_host(q):
+        if sparse:
+            return mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, softmax_scale)
+        return mla_decode(q, k_cache, block_table, cache_seqlens, softmax_scale, causal)
+
+    with arrays.device_scope(q):
+        schedule = _schedule(tile_scheduler_metadata, q, k_cache, cache_seqlens, indices, topk_length)
+        plan = schedule.plan_for(q, sparse, topk_length is not None)
+        b, s_q, h_q = int(q.shape[0]), int(q.shape[1]), int(q.shape[2])
+        out = arrays.empty(q, (b, s_q, h_q, D_V))
+        lse = arrays.empty(q, (b, h_q, s_q), "float32")
+        stream = arrays.current_stream(q)
+        if sparse:
+            _sparse_decode_on_device(
+                q, arrays.extension_view(k_cache), indices, topk_length, attn_sink, out, lse, plan, softmax_scale,
+                stream,
+            )
+        else:
+            _decode_on_device(q, k_cache, block_table, cache_seqlens, out, lse, plan, softmax_scale, causal, stream)
+    return out, lse
+
+
+def flash_mla_sparse_fwd(
+    q: Any,
+    kv: Any,
+    indices: Any,
+    sm_scale: float,
+    d_v: int = 512,
+    attn_sink: Optional[Any] = None,
+    topk_length: Optional[Any] = None,
+    indexer_topk: int = 0,
+) -> Tuple[Any, Any, Any]:
+    """Sparse MLA prefill: q [s_q, h_q, d_qk] bfloat16, kv [s_kv, 1, d_qk] bfloat16, indices
+    [s_q, 1, topk] int32 (< 0 or >= s_kv: invalid), optional attn_sink [h_q] float32 and
+    topk_length [s_q] int32. Returns ``(output [s_q, h_q, d_v] bfloat16, max_logits [s_q, h_q]
+    float32, lse [s_q, h_q] float32)`` with base-2 statistics (P = q.k * sm_scale * log2(e)).
+    Device arrays raise NotImplementedError until mlakit has the GPU kernel."""
+    if indexer_topk != 0:
+        raise NotImplementedError(f"flash_mla_sparse_fwd: indexer_topk: only 0 is supported, got {indexer_topk}")
+    return mla_sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base="2")
+
+
+def _reject_unsupported(extra_k_cache: Any, extra_indices_in_kvcache: Any, extra_topk_length: Any) -> None:
+    given = [
+        name
+        for name, value in (
+            ("extra_k_cache", extra_k_cache),
+            ("extra_indices_in_kvcache", extra_indices_in_kvcache),
+            ("extra_topk_length", extra_topk_length),
+        )
+        if value is not None
+    ]
+    if given:
+        raise NotImplementedError(f"flash_mla_with_kvcache: {', '.join(given)}: not supported by mlakit (expected None)")
+
+
+def _check_cache_kind(is_fp8_kvcache: bool, sparse: bool) -> None:
+    """mlakit has the dense bf16/fp16 decode and the sparse decode over the FP8 cache."""
+    if is_fp8_kvcache and not sparse:
+        raise NotImplementedError(
+            "is_fp8_kvcache=True without indices / topk (dense decode over an FP8 cache): not supported by mlakit"
+        )
+    if sparse and not is_fp8_kvcache:
+        raise NotImplementedError(
+            "indices / topk with is_fp8_kvcache=False (sparse decode over a bf16 cache): not supported by mlakit; "
+            "quantize the cache with mlakit.quantize_fp8_cache"
+        )
+
+
+def _config(q: Any, k_cache: Any, causal: bool, is_fp8_kvcache: bool, indices: Optional[Any]) -> FlashMLASchedMeta.Config:
+    return FlashMLASchedMeta.Config(
+        b=int(q.shape[0]),
+        s_q=int(q.shape[1]),
+        h_q=int(q.shape[2]),
+        page_block_size=int(k_cache.shape[1]),
+        h_k=int(k_cache.shape[2]),
+        causal=causal,
+        is_fp8_kvcache=is_fp8_kvcache,
+        topk=None if indices is None else int(indices.shape[-1]),
+        extra_page_block_size=None,
+        extra_topk=None,
+    )
+
+
+def _check_config(meta: FlashMLASchedMeta, config: FlashMLASchedMeta.Config) -> None:
+    """The first call fixes the step's configuration; later calls must agree (as in FlashMLA)."""
+    if not meta.have_initialized:
+        meta.config = config
+        meta.have_initialized = True
+        return
+    for field in dataclasses.fields(config):
+        made, given = getattr(meta.config, field.name), getattr(config, field.name)
+        if made != given:
+            raise ValueError(
+                f"flash_mla_with_kvcache: tile_scheduler_metadata.config.{field.name}: expected {made} (the first "
+                f"call's), got {given}: use one FlashMLASchedMeta per configuration and step"
+            )
+
+
+def _schedule(
+    meta: Any, q: Any, k_cache: Any, cache_seqlens: Any, indices: Optional[Any], topk_length: Optional[Any]
+) -> schedules.Schedule:
+    """The plan behind `meta`: the object's (made by its first call), the registered one of
+    get_mla_metadata's arrays, or, for arrays mlakit does not know, one made for this call."""
+    if isinstance(meta, FlashMLASchedMeta):
+        if meta._schedule is None:
+            meta._schedule = schedules.schedule_for_call(q, k_cache, cache_seqlens, indices, topk_length)
+            meta.tile_scheduler_metadata, meta.num_splits = meta._schedule.views()
+        return meta._schedule
+    schedule = schedules.lookup(meta)
+    if schedule is not None:
+        return schedule
+    warnings.warn(
+        "mlakit.flash_mla: tile_scheduler_metadata is not an array returned by get_mla_metadata (a copy?): "
+        "making a new plan for this call; pass the returned arrays, or use get_mla_metadata() objects, "
+        "to plan once per step",
+        stacklevel=3,
+    )
+    return schedules.schedule_for_call(q, k_cache, cache_seqlens, indices, topk_length)

@@ -1,0 +1,50 @@
+// Token-sparse MLA prefill (SPEC section 3). Only the CPU reference exists in the library
+// so far; the Python layer reports device arrays as not implemented.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+
+#include "arrays.h"
+#include "bindings.h"
+#include "mlakit/mla_sparse_prefill.h"
+
+namespace mlakit::python {
+namespace {
+
+LseBase lse_base_from(const std::string& name) {
+  if (name == "2") return LseBase::kBase2;
+  if (name == "e") return LseBase::kNatural;
+  throw nb::value_error(("lse_base: expected '2' or 'e', got '" + name + "'").c_str());
+}
+
+}  // namespace
+
+void bind_sparse_prefill(nb::module_& m) {
+  m.def(
+      "mla_sparse_prefill_reference",
+      [](Array q, Array kv, Array indices, std::optional<Array> topk_length, std::optional<Array> attn_sink,
+         MutArray out, MutArray max_logits, MutArray lse, std::optional<float> sm_scale, int d_v,
+         const std::string& lse_base) {
+        MlaSparsePrefillArgs a;
+        a.q = to_ref(q, "q");
+        a.kv = to_ref(kv, "kv");
+        a.indices = to_ref(indices, "indices");
+        a.topk_length = to_ref(topk_length, "topk_length");
+        a.attn_sink = to_ref(attn_sink, "attn_sink");
+        a.out = to_ref(out, "out");
+        a.max_logits = to_ref(max_logits, "max_logits");
+        a.lse = to_ref(lse, "lse");
+        a.sm_scale = scale_or_default(sm_scale);
+        a.d_v = d_v;
+        a.lse_base = lse_base_from(lse_base);
+        nb::gil_scoped_release release;
+        raise_if_error(reference::mla_sparse_prefill(a));
+      },
+      nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("topk_length").none(), nb::arg("attn_sink").none(),
+      nb::arg("out"), nb::arg("max_logits"), nb::arg("lse"), nb::arg("sm_scale").none() = nb::none(),
+      nb::arg("d_v") = 512, nb::arg("lse_base") = "2",
+      "Sparse MLA prefill on host arrays (float64 CPU reference); writes out, max_logits and lse.");
+}
+
+}  // namespace mlakit::python
