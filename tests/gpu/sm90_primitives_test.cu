@@ -1,5 +1,5 @@
 // GPU unit tests of the Hopper primitive layer (src/device/sm90) against plain CPU loops:
-// wgmma SS forms with 128B-swizzled descriptors (K-major and N-major B), TMA loads of a paged
+// wgmma SS and RS forms with 128B-swizzled descriptors (K-major and N-major B), TMA loads of a paged
 // cache through the kernels' tensor map with mbarrier completion, named barriers and
 // setmaxnreg. Each kernel is compiled for sm_90a only; the tests skip on other GPUs.
 #include <cuda_bf16.h>
@@ -46,53 +46,76 @@ std::vector<uint16_t> random_bf16(std::size_t n, uint64_t seed) {
   return v;
 }
 
-// ---- wgmma m64n32k16, A and B K-major: D[64][32] = A[64][64] * B[32][64]^T ----
+#if SM90_KERNEL_BODY
+// RS A-fragment of k-step kk of a row-major [64][k] 16-bit matrix for thread t (HOPPER_NOTES
+// section 4): register r holds row 16w + l/4 + 8 (r & 1), columns 16kk + 2 (l % 4) + 8 (r >> 1)
+// and the next one.
+__device__ void load_a_fragment(const uint16_t* a, int k, int kk, uint32_t (&frag)[4]) {
+  const int t = threadIdx.x % 128, w = t / 32, l = t % 32;
+  for (int r = 0; r < 4; ++r) {
+    const int row = 16 * w + l / 4 + 8 * (r & 1), col = 16 * kk + 2 * (l % 4) + 8 * (r >> 1);
+    frag[r] = a[row * k + col] | (uint32_t{a[row * k + col + 1]} << 16);
+  }
+}
+#endif
 
-__global__ void wgmma_n32_kernel(const uint16_t* a, const uint16_t* b, float* d) {
+// ---- wgmma m64n64k16, A and B K-major: D[64][64] = A[64][64] * B[64][64]^T ----
+// k-steps 0, 1 take A from shared memory (SS), k-steps 2, 3 from registers (RS), in one chain.
+
+__global__ void wgmma_n64_kernel(const uint16_t* a, const uint16_t* b, float* d) {
 #if SM90_KERNEL_BODY
   __shared__ __align__(1024) uint8_t sa[64 * 128];
-  __shared__ __align__(1024) uint8_t sb[32 * 128];
+  __shared__ __align__(1024) uint8_t sb[64 * 128];
   const int t = threadIdx.x;
   for (int i = t; i < 64 * 64; i += 128) *reinterpret_cast<uint16_t*>(&sa[sw128_offset(i / 64, i % 64)]) = a[i];
-  for (int i = t; i < 32 * 64; i += 128) *reinterpret_cast<uint16_t*>(&sb[sw128_offset(i / 64, i % 64)]) = b[i];
+  for (int i = t; i < 64 * 64; i += 128) *reinterpret_cast<uint16_t*>(&sb[sw128_offset(i / 64, i % 64)]) = b[i];
+  uint32_t frag[2][4];
+  load_a_fragment(a, 64, 2, frag[0]);
+  load_a_fragment(a, 64, 3, frag[1]);
   dev::fence_proxy_async_smem();
   __syncthreads();
-  float acc[16];
+  float acc[32];
   dev::wgmma_fence();
   for (int kk = 0; kk < 4; ++kk) {
-    dev::wgmma_m64n32k16_bf16<0>(acc, dev::make_sw128_desc(dev::smem_u32(sa) + 32 * kk, 16, 1024),
-                                 dev::make_sw128_desc(dev::smem_u32(sb) + 32 * kk, 16, 1024), kk > 0);
+    const uint64_t desc_b = dev::make_sw128_desc(dev::smem_u32(sb) + 32 * kk, 16, 1024);
+    if (kk < 2) {
+      dev::wgmma_ss_m64n64k16_bf16<0>(acc, dev::make_sw128_desc(dev::smem_u32(sa) + 32 * kk, 16, 1024), desc_b, kk > 0);
+    } else {
+      dev::wgmma_rs_m64n64k16_bf16<0>(acc, frag[kk - 2], desc_b, true);
+    }
   }
   dev::wgmma_commit();
   dev::wgmma_wait<0>();
   dev::fence_registers(acc);
+  dev::fence_registers(frag);
   const int w = t / 32, l = t % 32;
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < 32; ++i) {
     const int row = 16 * w + l / 4 + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * (l % 4) + (i & 1);
-    d[row * 32 + col] = acc[i];
+    d[row * 64 + col] = acc[i];
   }
 #endif
 }
 
-TEST(Sm90Primitives, WgmmaM64N32K16KMajorMatchesCpu) {
+TEST(Sm90Primitives, WgmmaM64N64K16SsAndRsKMajorMatchCpu) {
   SKIP_WITHOUT_HOPPER();
-  const auto a = random_bf16(64 * 64, 1), b = random_bf16(32 * 64, 2);
-  DeviceBuffer da(a), db(b), dd(64 * 32 * 4);
-  wgmma_n32_kernel<<<1, 128>>>(static_cast<uint16_t*>(da.get()), static_cast<uint16_t*>(db.get()),
+  const auto a = random_bf16(64 * 64, 1), b = random_bf16(64 * 64, 2);
+  DeviceBuffer da(a), db(b), dd(64 * 64 * 4);
+  wgmma_n64_kernel<<<1, 128>>>(static_cast<uint16_t*>(da.get()), static_cast<uint16_t*>(db.get()),
                                static_cast<float*>(dd.get()));
   MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
   const auto d = dd.download<float>();
   for (int r = 0; r < 64; ++r) {
-    for (int c = 0; c < 32; ++c) {
+    for (int c = 0; c < 64; ++c) {
       double ref = 0;
       for (int k = 0; k < 64; ++k) ref += double(host::bf16_to_float(a[r * 64 + k])) * host::bf16_to_float(b[c * 64 + k]);
-      ASSERT_NEAR(d[r * 32 + c], ref, 1e-4 + 1e-5 * std::fabs(ref)) << "row " << r << " col " << c;
+      ASSERT_NEAR(d[r * 64 + c], ref, 1e-4 + 1e-5 * std::fabs(ref)) << "row " << r << " col " << c;
     }
   }
 }
 
 // ---- wgmma m64n256k16, B N-major (V as [keys][d]): D[64][256] = P[64][64] * V[64][256] ----
 // V is stored as 4 slabs of [64 keys][64 d], LBO = 8192 (next 64 d), SBO = 1024 (next 8 keys).
+// k-steps 0, 1 take P from shared memory (SS), k-steps 2, 3 from registers (RS).
 
 __global__ void wgmma_n256_kernel(const uint16_t* p, const uint16_t* v, float* d) {
 #if SM90_KERNEL_BODY
@@ -108,16 +131,24 @@ __global__ void wgmma_n256_kernel(const uint16_t* p, const uint16_t* v, float* d
   }
   dev::fence_proxy_async_smem();
   __syncthreads();
+  uint32_t frag[2][4];
+  load_a_fragment(p, 64, 2, frag[0]);
+  load_a_fragment(p, 64, 3, frag[1]);
   float acc[128];
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
   dev::wgmma_fence();
   for (int kk = 0; kk < 4; ++kk) {
-    dev::wgmma_m64n256k16_bf16<1>(acc, dev::make_sw128_desc(dev::smem_u32(sp) + 32 * kk, 16, 1024),
-                                  dev::make_sw128_desc(dev::smem_u32(sv) + 2048 * kk, 8192, 1024), true);
+    const uint64_t desc_v = dev::make_sw128_desc(dev::smem_u32(sv) + 2048 * kk, 8192, 1024);
+    if (kk < 2) {
+      dev::wgmma_ss_m64n256k16_bf16<1>(acc, dev::make_sw128_desc(dev::smem_u32(sp) + 32 * kk, 16, 1024), desc_v, true);
+    } else {
+      dev::wgmma_rs_m64n256k16_bf16<1>(acc, frag[kk - 2], desc_v, true);
+    }
   }
   dev::wgmma_commit();
   dev::wgmma_wait<0>();
   dev::fence_registers(acc);
+  dev::fence_registers(frag);
   const int w = t / 32, l = t % 32;
   for (int i = 0; i < 128; ++i) {
     const int row = 16 * w + l / 4 + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * (l % 4) + (i & 1);
@@ -126,7 +157,7 @@ __global__ void wgmma_n256_kernel(const uint16_t* p, const uint16_t* v, float* d
 #endif
 }
 
-TEST(Sm90Primitives, WgmmaM64N256K16NMajorBMatchesCpu) {
+TEST(Sm90Primitives, WgmmaM64N256K16SsAndRsNMajorBMatchCpu) {
   SKIP_WITHOUT_HOPPER();
   const auto p = random_bf16(64 * 64, 3), v = random_bf16(64 * 256, 4);
   DeviceBuffer dp(p), dv(v), dd(64 * 256 * 4);

@@ -86,6 +86,12 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// bar.arrive id, n: signals the named barrier without waiting (the producer side of a
+// producer/consumer hand-off between warpgroups; the consumers bar.sync with the same n).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // setmaxnreg.{inc,dec}.sync.aligned.u32 (PTX ISA 9.7.19.5): a warpgroup takes registers
 // from / returns them to the CTA pool. Needs __launch_bounds__(threads, 1).
 template <int kRegs>

@@ -1,0 +1,65 @@
+// Tiling, shared-memory map and the segment arithmetic of the Hopper dense decode, shared by
+// its producer and consumer roles (docs/kernels/mla_decode_sm90.md).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/decode_rows.cuh"
+#include "kernels/mla_decode_params.h"
+
+namespace mlakit::detail::sm90 {
+
+struct Sm90DecodeConfig {
+  static constexpr int kRows = 64;    // query rows per CTA (wgmma M)
+  static constexpr int kKeys = 64;    // keys per cache tile (= scheduling block); S is 64 x 64
+  static constexpr int kDqk = 576;
+  static constexpr int kDv = 512;
+  static constexpr int kSlabCols = 64;  // 128 bytes of bf16: one 128B-swizzle row
+  static constexpr int kSlabs = kDqk / kSlabCols;  // 8 NoPE slabs (also V) + 1 RoPE slab
+  static constexpr int kNopeSlabs = kDv / kSlabCols;
+  static constexpr int kSlabBytes = kKeys * 128;
+  static constexpr int kStages = 2;   // tile A of a pair in stage 0, tile B in stage 1
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kVColsPerConsumer = kDv / 2;  // O columns of one consumer
+  static constexpr int kQkSteps = kDqk / 16;
+  static constexpr int kPvSteps = kKeys / 16;
+  // Named barriers (id 0 is __syncthreads).
+  static constexpr uint32_t kBarConsumers = 1;  // both consumers: Q loaded, row sums, segment end
+  static constexpr uint32_t kBarP0Ready = 2;    // consumer 0 arrives, consumer 1 syncs
+  static constexpr uint32_t kBarP1Ready = 3;    // consumer 1 arrives, consumer 0 syncs
+  static constexpr uint32_t kBarZeroed = 4;     // + w: one consumer's zeroed cache rows
+
+  static_assert(kRows == 64, "one wgmma M per CTA");
+  static_assert(kSlabs * kSlabCols == kDqk && kNopeSlabs == 8, "V = slabs 0..7, RoPE = slab 8");
+  static_assert(kRows * kKeys * 2 == kSlabBytes, "a P tile fits the RoPE slab it replaces");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");
+};
+
+struct Sm90DecodeSmem {
+  using C = Sm90DecodeConfig;
+  uint8_t q[C::kSlabs][C::kSlabBytes];
+  // Cache tiles; once S of a tile is done its RoPE slab (8) is dead and holds that tile's P
+  // ([64 rows][64 keys], the same 8 KB swizzled shape) for the other consumer.
+  uint8_t kv[C::kStages][C::kSlabs][C::kSlabBytes];
+  float row_max[2][C::kRows];    // running max after tile A / after tile B
+  float row_sum[2][C::kRows];
+  uint64_t full[C::kStages];
+  uint64_t empty[C::kStages];
+  int stage_bad[C::kStages];
+};
+inline constexpr int kSm90SmemBytes = sizeof(Sm90DecodeSmem) + 1024;  // + alignment slack
+static_assert(kSm90SmemBytes <= 232448, "fits the 227 KB opt-in shared memory of sm90");
+
+// Number of 64-key tiles a segment needs for this CTA's rows (producer and consumers must
+// agree exactly). Tiles 2i and 2i+1 form pair i; an odd count ends with a lone tile A.
+__device__ __forceinline__ int segment_tiles(const MlaDecodeParams& p, int hk, int tile, int L, int key_begin,
+                                             int key_end) {
+  using C = Sm90DecodeConfig;
+  const int end = tile_keys_end(p, hk, tile * C::kRows, C::kRows, L, key_end);
+  return end > key_begin ? (end - key_begin + C::kKeys - 1) / C::kKeys : 0;
+}
+
+}  // namespace mlakit::detail::sm90

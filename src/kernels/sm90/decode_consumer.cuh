@@ -1,0 +1,395 @@
+// Consumer role of the Hopper dense decode: warpgroups 1 and 2 ("consumer 0" and "consumer 1")
+// in a seesaw over pairs of cache tiles (A in stage 0, B in stage 1).
+//
+// Consumer w owns the output columns O_w = O[:, 256w .. 256w+255] (64 x 256 f32, 128
+// registers per thread). Per pair, with m the running row max before the pair:
+//   consumer 0: S_A = Q K_Aᵀ (64 x 64), m_A = max(m, rowmax S_A), P_A = 2^(S_A - m_A) -> shared
+//               memory, O_0 = O_0·2^(m - m_A) + P_A V_A,0; then, once P_B is published,
+//               O_0 = O_0·2^(m_A - m_B) + P_B V_B,0.
+//   consumer 1: S_B = Q K_Bᵀ is issued first; once P_A is published, O_1 = O_1·2^(m - m_A) +
+//               P_A V_A,1 runs while S_B finishes; m_B = max(m_A, rowmax S_B), P_B -> shared
+//               memory, O_1 = O_1·2^(m_A - m_B) + P_B V_B,1.
+// So each S has N = 64 (half the shared-memory traffic per FLOP of two N = 32 halves), and
+// one consumer's softmax overlaps the other's matrix multiplies. The factors 2^(m - m_A) and
+// 2^(m_A - m_B) are 1 once a row's max settles; O is then left alone (warp vote).
+//
+// Own P feeds P·V from registers (RS form); the other consumer reads it from shared memory,
+// from the RoPE slab of the tile's own stage (dead once S is done), so shared memory holds
+// just Q and two cache tiles.
+//
+// Hand-offs: kBarP0Ready / kBarP1Ready (bar.arrive by the publisher after its P tile, row max
+// and fence.proxy.async; bar.sync by the other consumer). A stage is released (empty[s], one
+// arrival per consumer) after the last wgmma reading it; the P tile in its RoPE slab is
+// recycled with the stage.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "device/cp_async.cuh"
+#include "device/numeric.cuh"
+#include "device/sm90/sync.cuh"
+#include "device/sm90/wgmma.cuh"
+#include "kernels/sm90/decode_config.cuh"
+
+namespace mlakit::detail::sm90 {
+
+namespace dev = mlakit::device::sm90;
+
+template <typename Elem>
+class Sm90Consumer {
+  using C = Sm90DecodeConfig;
+  using Ops = device::ElemOps<Elem>;
+  using Mma64 = device::sm90::Wgmma<64, Elem>;
+  using Mma256 = device::sm90::Wgmma<256, Elem>;
+
+ public:
+  __device__ Sm90Consumer(const MlaDecodeParams& p, Sm90DecodeSmem& sm)
+      : p_(p), sm_(sm), w_(threadIdx.x / 128 - 1), t_(threadIdx.x - 128), lane_(threadIdx.x % 32),
+        r0_(16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4), hk_(blockIdx.y), tile_(blockIdx.x) {}
+
+  __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split) {
+    load_q(seq);
+    lim_[0] = row_limit(r0_, L, key_end);
+    lim_[1] = row_limit(r0_ + 8, L, key_end);
+#pragma unroll
+    for (int j = 0; j < 128; ++j) o_[j] = 0.f;
+    m_[0] = m_[1] = -INFINITY;
+    l_[0] = l_[1] = 0.f;
+    bad_ = false;
+    const int tiles = segment_tiles(p_, hk_, tile_, L, key_begin, key_end);
+    for (int i = 0; i < tiles; i += 2) {
+      const int start_a = key_begin + i * C::kKeys;
+      const bool has_b = i + 1 < tiles;
+      if (w_ == 0) {
+        pair_consumer0(start_a, has_b, key_end);
+      } else {
+        pair_consumer1(start_a, has_b, key_end);
+      }
+    }
+    store(seq, split);
+  }
+
+ private:
+  // ---- one pair of tiles, per consumer --------------------------------------------------
+
+  __device__ void pair_consumer0(int start_a, bool has_b, int key_end) {
+    bad_ |= acquire_stage(0, start_a, key_end);
+    float s[32];
+    issue_scores(s, 0);
+    dev::wgmma_wait<0>();  // S_A, and the previous pair's P_B V_B,0
+    dev::fence_registers(s);
+    float m_a[2], sum_a[2];
+    softmax(s, start_a, m_a, sum_a);
+    publish(s, m_a, C::kBarP0Ready);
+    rescale(m_a);  // no wgmma pending on O: the wait above covered them
+    add_sums(sum_a);
+    uint32_t frag[C::kPvSteps][4];
+    pack_p(s, frag);
+    issue_values_rs(frag, 0);
+    if (has_b) {
+      dev::named_barrier_sync(C::kBarP1Ready, C::kConsumerThreads);
+      bad_ |= sm_.stage_bad[1] != 0;
+      const float m_b[2] = {sm_.row_max[1][r0_], sm_.row_max[1][r0_ + 8]};
+      // P_A V_A,0 was issued before consumer 1's softmax: it has finished or nearly so.
+      dev::wgmma_wait<0>();
+      dev::fence_registers(o_);
+      dev::fence_registers(frag);
+      release(0);
+      rescale(m_b);
+      issue_values_ss(sm_.kv[1][C::kNopeSlabs], 1);
+    } else {
+      dev::wgmma_wait<0>();
+      dev::fence_registers(frag);
+      release(0);
+    }
+    dev::wgmma_wait<0>();
+    dev::fence_registers(o_);
+    if (has_b) release(1);
+  }
+
+  __device__ void pair_consumer1(int start_a, bool has_b, int key_end) {
+    if (!has_b) {  // lone tile A: only its P·V for this consumer's columns
+      float m_a[2];
+      receive_tile_a(m_a);
+      rescale(m_a);
+      issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
+      dev::wgmma_wait<0>();
+      dev::fence_registers(o_);
+      release(0);
+      return;
+    }
+    const int start_b = start_a + C::kKeys;
+    float s[32];
+    bad_ |= acquire_stage(1, start_b, key_end);
+    issue_scores(s, 1);  // queued behind S_A: the tensor cores work through softmax A
+    float m_a[2];
+    receive_tile_a(m_a);
+    // O is rescaled outside any wgmma group in flight (ptxas serialises the pipeline
+    // otherwise), so S_B is waited for first; it was issued long before.
+    dev::wgmma_wait<0>();
+    dev::fence_registers(s);
+    rescale(m_a);
+    issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
+    float m_b[2], sum_b[2];
+    softmax(s, start_b, m_b, sum_b);  // overlaps P_A V_A,0 and P_A V_A,1
+    publish(s, m_b, C::kBarP1Ready);
+    dev::wgmma_wait<0>();
+    dev::fence_registers(o_);
+    release(0);
+    rescale(m_b);
+    add_sums(sum_b);
+    uint32_t frag[C::kPvSteps][4];
+    pack_p(s, frag);
+    issue_values_rs(frag, 1);
+    dev::wgmma_wait<0>();
+    dev::fence_registers(o_);
+    dev::fence_registers(frag);
+    release(1);
+  }
+
+  // Consumer 1's side of the tile-A hand-off: P_A is in shared memory, m_A returned.
+  __device__ void receive_tile_a(float (&m_a)[2]) {
+    dev::named_barrier_sync(C::kBarP0Ready, C::kConsumerThreads);
+    bad_ |= sm_.stage_bad[0] != 0;
+    m_a[0] = sm_.row_max[0][r0_];
+    m_a[1] = sm_.row_max[0][r0_ + 8];
+  }
+
+  // ---- pieces ---------------------------------------------------------------------------
+
+  // Visible-key bound of tile row r (0 for padding rows).
+  __device__ int row_limit(int r, int L, int key_end) const {
+    const int row = tile_ * C::kRows + r;
+    if (row >= p_.rows) return 0;
+    return min(key_end, visible_keys(p_, L, row_coord(p_, hk_, row).t));
+  }
+
+  // Q tile into 9 swizzled slabs with 16-byte cp.async (all in flight at once); padding rows
+  // are zero.
+  __device__ void load_q(int seq) {
+    const Elem* q = static_cast<const Elem*>(p_.q);
+    constexpr int kChunksPerRow = C::kDqk / 8;
+    for (int c = t_; c < C::kRows * kChunksPerRow; c += C::kConsumerThreads) {
+      const int r = c / kChunksPerRow, k = c % kChunksPerRow;
+      const int slab = k / 8, chunk = k % 8;
+      const int row = tile_ * C::kRows + r;
+      uint8_t* dst = &sm_.q[slab][r * 128 + ((chunk ^ (r & 7)) * 16)];
+      if (row < p_.rows) {
+        const RowCoord rc = row_coord(p_, hk_, row);
+        device::cp_async_16(dst, q + seq * p_.q_stride_b + rc.t * p_.q_stride_s + rc.head * p_.q_stride_h + k * 8);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    device::cp_async_wait_all();
+    dev::fence_proxy_async_smem();
+    dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
+  }
+
+  // Waits for this consumer's tile; cache rows past the segment (stale, or NaN past the
+  // sequence end) are zeroed in the V slabs so 0-weight P entries cannot meet NaN in P·V
+  // (the other consumer reads them only after this consumer's P hand-off). Returns the
+  // tile's bad flag.
+  __device__ bool acquire_stage(int stage, int tile_start, int key_end) {
+    dev::mbarrier_wait(&sm_.full[stage], phase_);
+    phase_ ^= 1;
+    const int valid_rows = min(C::kKeys, key_end - tile_start);
+    if (valid_rows < C::kKeys) {
+      const int tid = t_ % 128;
+      const int chunks = (C::kKeys - valid_rows) * C::kNopeSlabs * 8;
+      for (int c = tid; c < chunks; c += 128) {
+        const int r = valid_rows + c / (C::kNopeSlabs * 8), k = c % (C::kNopeSlabs * 8);
+        *reinterpret_cast<uint4*>(&sm_.kv[stage][k / 8][r * 128 + (k % 8) * 16]) = make_uint4(0, 0, 0, 0);
+      }
+      dev::fence_proxy_async_smem();
+      dev::named_barrier_sync(C::kBarZeroed + w_, 128);
+    }
+    return sm_.stage_bad[stage] != 0;
+  }
+
+  __device__ void release(int stage) {
+    if (t_ % 128 == 0) dev::mbarrier_arrive(&sm_.empty[stage]);
+  }
+
+  // Issues S = Q K^T of a stage's tile (64 x 64 over d_qk, K-major A and B, 128B swizzle,
+  // SBO 1024) as one committed group.
+  __device__ void issue_scores(float (&s)[32], int stage) {
+    const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[0][0]), 16, 1024));
+    const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage][0][0]), 16, 1024));
+    dev::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kQkSteps; ++kk) {
+      const uint32_t offset = (kk / 4) * C::kSlabBytes + (kk % 4) * 32;
+      Mma64::template ss<0>(s, dev::advance_desc(q_desc, offset), dev::advance_desc(k_desc, offset), kk > 0);
+    }
+    dev::wgmma_commit();
+  }
+
+  // V of a stage, this consumer's 256 columns, N-major: LBO = one slab, SBO = 8 keys.
+  __device__ uint64_t v_desc(int stage) const {
+    return dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage][4 * w_][0]), C::kSlabBytes, 1024));
+  }
+
+  // O_w += P V_w with P (64 x 64, K-major) from a shared P tile.
+  __device__ void issue_values_ss(const uint8_t* p_tile, int stage) {
+    const uint64_t p_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(p_tile), 16, 1024));
+    const uint64_t vd = v_desc(stage);
+    dev::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kPvSteps; ++kk) {
+      Mma256::template ss<1>(o_, dev::advance_desc(p_desc, kk * 32), dev::advance_desc(vd, kk * 16 * 128), true);
+    }
+    dev::wgmma_commit();
+  }
+
+  // O_w += P V_w with P from this consumer's registers.
+  __device__ void issue_values_rs(const uint32_t (&frag)[C::kPvSteps][4], int stage) {
+    const uint64_t vd = v_desc(stage);
+    dev::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kPvSteps; ++kk) {
+      Mma256::template rs<1>(o_, frag[kk], dev::advance_desc(vd, kk * 16 * 128), true);
+    }
+    dev::wgmma_commit();
+  }
+
+  // S (accumulator layout: register i is row r0 + 8((i >> 1) & 1), column 8(i >> 2) +
+  // 2(lane % 4) + (i & 1)) -> scaled and masked logits, the new running max m_new =
+  // max(m, rowmax) and P = 2^(S - m_new) in place, with this thread's row sums of P.
+  __device__ void softmax(float (&s)[32], int tile_start, float (&m_new)[2], float (&sum)[2]) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int key = tile_start + 8 * (i >> 2) + 2 * (lane_ % 4) + (i & 1);
+      const int h = (i >> 1) & 1;
+      s[i] = key < lim_[h] ? s[i] * p_.scale_log2 : -INFINITY;
+      mx[h] = fmaxf(mx[h], s[i]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      m_new[h] = fmaxf(m_[h], mx[h]);
+    }
+    sum[0] = sum[1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int h = (i >> 1) & 1;
+      // A row with no visible key so far keeps max -inf: P = 0.
+      s[i] = m_new[h] == -INFINITY ? 0.f : device::fast_exp2(s[i] - m_new[h]);
+      sum[h] += s[i];
+    }
+  }
+
+  // Writes P (q's dtype, 128B-swizzled [64 rows][64 keys]) over the RoPE slab of this
+  // consumer's stage (its S is done) and the row max, then signals the other consumer.
+  __device__ void publish(const float (&s)[32], const float (&m_new)[2], uint32_t barrier) {
+    uint8_t* tile = sm_.kv[w_][C::kNopeSlabs];
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      const int r = r0_ + 8 * ((i >> 1) & 1);
+      const int col = 8 * (i >> 2) + 2 * (lane_ % 4);
+      *reinterpret_cast<uint32_t*>(&tile[r * 128 + ((2 * col) ^ ((r & 7) << 4))]) = Ops::pack(s[i], s[i + 1]);
+    }
+    if (lane_ % 4 == 0) {
+      sm_.row_max[w_][r0_] = m_new[0];
+      sm_.row_max[w_][r0_ + 8] = m_new[1];
+    }
+    dev::fence_proxy_async_smem();
+    dev::named_barrier_arrive(barrier, C::kConsumerThreads);
+  }
+
+  // RS A-fragments of P for key block kk (keys 16kk .. 16kk+15): register r packs S[8kk + 2r]
+  // (low half) and S[8kk + 2r + 1] (HOPPER_NOTES section 4).
+  __device__ void pack_p(const float (&s)[32], uint32_t (&frag)[C::kPvSteps][4]) const {
+#pragma unroll
+    for (int kk = 0; kk < C::kPvSteps; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) frag[kk][r] = Ops::pack(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+    }
+  }
+
+  // Moves O and l from the running max m to m_new (>= m). O must have no wgmma in flight.
+  __device__ void rescale(const float (&m_new)[2]) {
+    float f[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      f[h] = m_new[h] == -INFINITY ? 1.f : device::fast_exp2(m_[h] - m_new[h]);
+      l_[h] *= f[h];
+      m_[h] = m_new[h];
+    }
+    if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < 128; ++j) o_[j] *= ((j >> 1) & 1) ? f[1] : f[0];
+    }
+  }
+
+  // Adds a tile's row sums, relative to the current running max.
+  __device__ void add_sums(const float (&sum)[2]) {
+    l_[0] += sum[0];
+    l_[1] += sum[1];
+  }
+
+  __device__ void store(int seq, int split) {
+    float l0 = l_[0], l1 = l_[1];
+#pragma unroll
+    for (int x = 1; x < 4; x *= 2) {
+      l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+      l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    if (lane_ % 4 == 0) {
+      sm_.row_sum[w_][r0_] = l0;
+      sm_.row_sum[w_][r0_ + 8] = l1;
+    }
+    dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
+    const float sum[2] = {sm_.row_sum[0][r0_] + sm_.row_sum[1][r0_], sm_.row_sum[0][r0_ + 8] + sm_.row_sum[1][r0_ + 8]};
+    const bool direct = p_.split_prefix[seq + 1] - p_.split_prefix[seq] == 1;
+    const int64_t slot_row0 =
+        (static_cast<int64_t>(direct ? 0 : p_.partial_prefix[seq] + split) * p_.h_kv + hk_) * p_.rows;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = r0_ + 8 * half;
+      const int row = tile_ * C::kRows + r;
+      if (row >= p_.rows) continue;
+      const bool empty = sum[half] == 0.f;
+      const float inv = bad_ ? NAN : (empty ? 0.f : 1.f / sum[half]);
+      const float lse2 = bad_ ? NAN : (empty ? -INFINITY : m_[half] + log2f(sum[half]));
+      const RowCoord rc = row_coord(p_, hk_, row);
+      Elem* out = static_cast<Elem*>(p_.out) + seq * p_.out_stride_b + rc.t * p_.out_stride_s +
+                  rc.head * p_.out_stride_h;
+      float* partial = p_.partial_out + (slot_row0 + row) * C::kDv;
+#pragma unroll
+      for (int j = 2 * half; j < 128; j += 4) {
+        const int col = C::kVColsPerConsumer * w_ + 8 * (j >> 2) + 2 * (lane_ % 4);
+        const float v0 = o_[j] * inv, v1 = o_[j + 1] * inv;
+        if (direct) {
+          *reinterpret_cast<uint32_t*>(out + col) = Ops::pack(v0, v1);
+        } else {
+          *reinterpret_cast<float2*>(partial + col) = make_float2(v0, v1);
+        }
+      }
+      if (w_ == 0 && lane_ % 4 == 0) {
+        if (direct) {
+          p_.lse[seq * p_.lse_stride_b + rc.head * p_.lse_stride_h + rc.t * p_.lse_stride_s] =
+              lse2 == -INFINITY ? INFINITY : lse2 * device::kLn2;
+        } else {
+          p_.partial_lse[slot_row0 + row] = lse2;
+        }
+      }
+    }
+    // row_sum and the Q tile are rewritten by the next segment.
+    dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
+  }
+
+  const MlaDecodeParams& p_;
+  Sm90DecodeSmem& sm_;
+  const int w_, t_, lane_, r0_, hk_, tile_;
+  uint32_t phase_ = 0;  // parity of this consumer's next wait on full[w]
+  int lim_[2] = {0, 0};
+  float m_[2], l_[2];
+  bool bad_ = false;
+  float o_[128];
+};
+
+}  // namespace mlakit::detail::sm90

@@ -1,0 +1,60 @@
+// Producer role of the Hopper dense decode: warp 0 of warpgroup 0 looks up the block table
+// and issues the TMA loads of 64-key cache tiles, tile j of a segment into stage j % 2.
+#pragma once
+
+#include <cuda.h>
+
+#include "device/sm90/sync.cuh"
+#include "kernels/sm90/decode_config.cuh"
+
+namespace mlakit::detail::sm90 {
+
+__device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensorMap& kv_map, int box_rows,
+                                        Sm90DecodeSmem& sm) {
+  namespace dev = mlakit::device::sm90;
+  using C = Sm90DecodeConfig;
+  const int lane = threadIdx.x % 32;
+  const int hk = blockIdx.y, tile = blockIdx.x;
+  const int boxes = C::kKeys / box_rows;
+  const uint32_t box_bytes = static_cast<uint32_t>(box_rows) * 128 * C::kSlabs;
+  if (lane == 0) dev::tma_prefetch_descriptor(&kv_map);
+  uint32_t phases = 0;  // bit s: parity of stage s's current lap (a bit mask: no local memory)
+  for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int) {
+    const int tiles = segment_tiles(p, hk, tile, L, key_begin, key_end);
+    for (int i = 0; i < tiles; ++i) {
+      const int stage = i % C::kStages;
+      const int tile_start = key_begin + i * C::kKeys;
+      // Lane j looks up box j of the tile; entries past the segment are never read.
+      const int key0 = tile_start + lane * box_rows;
+      bool valid = lane < boxes && key0 < key_end;
+      bool bad = false;
+      int32_t block = 0;
+      if (valid) {
+        const int logical = key0 / p.page_size;
+        block = logical < p.max_blocks_per_seq ? p.block_table[seq * p.block_table_stride_b + logical] : -1;
+        bad = block < 0 || block >= p.num_blocks;
+        valid = !bad;
+      }
+      const bool any_bad = __any_sync(0xffffffffu, bad);
+      dev::mbarrier_wait(&sm.empty[stage], ((phases >> stage) & 1u) ^ 1u);
+      // Each lane issues its own box (16-row pages: 4 lanes at once).
+      if (valid) {
+        const int row_in_page = key0 % p.page_size;
+        dev::mbarrier_expect_tx(&sm.full[stage], box_bytes);
+#pragma unroll
+        for (int s = 0; s < C::kSlabs; ++s) {
+          dev::tma_load_4d(&sm.kv[stage][s][lane * box_rows * 128], &kv_map, &sm.full[stage], s * C::kSlabCols, hk,
+                           row_in_page, block);
+        }
+      }
+      __syncwarp();  // every expect_tx before the arrive that can complete the phase
+      if (lane == 0) {
+        sm.stage_bad[stage] = any_bad ? 1 : 0;
+        dev::mbarrier_arrive(&sm.full[stage]);  // release: the flag is visible to the waiters
+      }
+      phases ^= 1u << stage;
+    }
+  });
+}
+
+}  // namespace mlakit::detail::sm90
