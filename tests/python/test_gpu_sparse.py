@@ -1,0 +1,70 @@
+"""Sparse FP8 decode, the FP8 cache tools and the sparse prefill on PyTorch CUDA tensors,
+against PyTorch references written here. Skipped without torch or CUDA."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mlakit  # noqa: E402
+from torch_cases import (  # noqa: E402
+    activations,
+    cache_values,
+    check,
+    dequantize_fp8_cache,
+    fp8_paged_cache,
+    generator,
+    require_gpu,
+    sparse_indices,
+    sparse_reference,
+)
+
+require_gpu()
+
+
+def test_fp8_tools_on_the_gpu_match_the_cpu_and_the_format():
+    gen = generator(20)
+    kv = cache_values(gen, (5, 64, 1, 576)).to(torch.bfloat16)
+    kv[0, 0] = 0
+    cache = mlakit.quantize_fp8_cache(kv)
+    assert cache.dtype == torch.uint8 and cache.shape == (5, 64, 1, 656) and cache.is_cuda
+    assert torch.equal(cache.cpu(), mlakit.quantize_fp8_cache(kv.cpu()))  # bit-identical to the CPU version
+    back = mlakit.dequantize_fp8_cache(cache)
+    assert back.dtype == torch.bfloat16 and torch.equal(back, dequantize_fp8_cache(cache))
+    err = (back.float() - kv.float()).abs()
+    assert torch.all(err <= 2**-4 * kv.float().abs() + 1e-3) and torch.all(back[0, 0] == 0)
+
+    tokens = cache_values(gen, (3, 576)).to(torch.bfloat16)
+    slots = torch.tensor([7, -1, 64 * 5 + 3], dtype=torch.int32, device="cuda")
+    before = cache.clone()
+    mlakit.append_fp8_cache(tokens, slots, cache)
+    expected = before.view(-1, 656)
+    expected[7] = mlakit.quantize_fp8_cache(tokens[:1])[0]
+    assert torch.equal(cache.view(-1, 656), expected)
+
+
+@pytest.mark.parametrize(
+    "b,s_q,h_q,topk,options",
+    [(4, 1, 128, 2048, False), (3, 2, 64, 512, True), (2, 2, 16, 64, True)],
+    ids=["v32_decode", "mtp_topk_length_sink", "small"],
+)
+def test_sparse_decode_matches_reference(b, s_q, h_q, topk, options):
+    gen = generator(topk + h_q)
+    num_blocks = 40
+    _, cache = fp8_paged_cache(gen, num_blocks)
+    q = activations(gen, (b, s_q, h_q, 576))
+    indices = sparse_indices(gen, b, s_q, topk, (num_blocks - 1) * 64, num_blocks * 64)
+    topk_length = torch.randint(0, topk + 1, (b,), generator=gen, dtype=torch.int32).cuda() if options else None
+    attn_sink = torch.randn(h_q, generator=gen).cuda() if options else None
+    plan = mlakit.mla_sparse_decode_plan(b, s_q, h_q, topk, q, topk_length)
+    out, lse = mlakit.mla_sparse_decode(q, cache, indices, topk_length, attn_sink, plan=plan)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, s_q, h_q, 512) and lse.shape == (b, h_q, s_q)
+    check(out, lse, *sparse_reference(q, cache, indices, None, topk_length, attn_sink))
+
+
+def test_sparse_prefill_on_device_arrays_is_not_implemented_yet():
+    gen = generator(21)
+    q = activations(gen, (4, 16, 576))
+    kv = activations(gen, (32, 1, 576))
+    indices = torch.zeros((4, 1, 64), dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="GPU kernel"):
+        mlakit.mla_sparse_prefill(q, kv, indices)
