@@ -8,8 +8,8 @@
 // total ~2e10 (about a second over the GPU machine's cores).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
-#include <sstream>
 #include <string>
 #include <vector>
 
