@@ -1,4 +1,5 @@
-// mlakit-bench: times the dense MLA decode on the PERF.md cases and the device-to-device
+// mlakit-bench: times the MLA decode (dense, sparse FP8) and the sparse prefill on the PERF.md
+// cases and the device-to-device
 // copy ceiling in the same run; prints a table and appends JSON lines to <out>/<gpu>.jsonl.
 #include <cuda_runtime_api.h>
 
@@ -15,6 +16,7 @@
 #include "bench/measure.h"
 #include "bench/results_json.h"
 #include "bench/sparse_measure.h"
+#include "bench/sparse_prefill_measure.h"
 
 namespace mlakit::bench {
 namespace {
@@ -37,8 +39,8 @@ void print_usage(std::FILE* to) {
       to,
       "usage: mlakit-bench [--quick] [--filter SUBSTRING] [--runs N] [--out DIR]\n"
       "                    [--dtype bf16|fp16] [--kernel auto|portable|sm90]\n"
-      "  --quick            two cases (b128 h_q128 s_k4096, b32 h_q16 s_k8192); allows --runs < "
-      "%d\n"
+      "  --quick            a few cases (dense b128 h_q128 s_k4096 and b32 h_q16 s_k8192, sparse decode\n"
+      "                     b128 and b64, sparse prefill s_kv8192); allows --runs < %d\n"
       "  --filter SUBSTRING only the cases whose name contains SUBSTRING\n"
       "  --runs N           timed runs per case, median reported (default %d, minimum %d)\n"
       "  --out DIR          results directory (default bench/results); appends to DIR/<gpu>.jsonl\n"
@@ -189,7 +191,10 @@ JsonLine decode_json(const BenchCase& bc, const DecodeResult& r, const CopyResul
 int run(const Options& opt) {
   const std::vector<BenchCase> cases = filter_cases(bench_cases(opt.quick), opt.filter);
   const std::vector<SparseBenchCase> sparse_cases = sparse_bench_cases(opt.quick, opt.filter);
-  if (cases.empty() && sparse_cases.empty()) usage_error("--filter '" + opt.filter + "' matches no case");
+  const std::vector<PrefillBenchCase> prefill_cases = prefill_bench_cases(opt.quick, opt.filter);
+  if (cases.empty() && sparse_cases.empty() && prefill_cases.empty()) {
+    usage_error("--filter '" + opt.filter + "' matches no case");
+  }
 
   int device_count = 0;
   const cudaError_t probe = cudaGetDeviceCount(&device_count);
@@ -300,6 +305,20 @@ int run(const Options& opt) {
         .text("baseline", "FlashMLA H100 (PERF.md, fixed)")
         .number("speedup", has_baseline ? std::optional<double>(speedup) : std::nullopt);
     append_or_fail(results, run_fields(info, line));
+  }
+  if (!prefill_cases.empty()) {
+    std::printf("\n%-52s %10s %8s %8s %17s %8s\n", "sparse prefill case", "time_us", "TFLOP/s", "GB/s",
+                "FlashMLA(H100) us", "speedup");
+  }
+  for (const PrefillBenchCase& pc : prefill_cases) {
+    const PrefillResult r = run_prefill_case(pc, settings);
+    const bool has_baseline = pc.flashmla_h100_us.has_value();
+    const double speedup = has_baseline ? *pc.flashmla_h100_us / r.time_us : 0.0;
+    std::printf("%-52s %10.1f %8.1f %8.0f %17s %8s\n", pc.name.c_str(), r.time_us, r.tflops, r.gbps,
+                format(pc.flashmla_h100_us.value_or(0), "%.0f", has_baseline).c_str(),
+                format(speedup, "%.3fx", has_baseline).c_str());
+    std::fflush(stdout);
+    append_or_fail(results, run_fields(info, prefill_json(pc, r, copy.gbps)));
   }
   std::printf(
       "\ntime_us: mla_decode (attention + combine), paid by every layer; plan_us: "

@@ -1,14 +1,20 @@
 // Token-sparse MLA prefill (SPEC section 3): every query token attends to its own `topk`
 // selected rows of a bf16 KV tensor. No batch dimension: callers pack sequences along s_q /
 // s_kv. Statistics are base 2 by default (FlashMLA's convention); `lse_base` makes the choice
-// explicit. This header holds the arguments and the CPU reference; the Hopper kernel follows
-// (issue 5).
+// explicit.
+//
+// mla_sparse_prefill runs on any GPU of compute capability 8.0 or newer (the portable kernel;
+// the Hopper kernel follows, issue 5). It takes no workspace and no plan: one CTA per (query
+// token, 32 heads) covers all of the token's topk keys. Asynchronous on `stream`, allocates
+// nothing, graph-capturable. Layout needs beyond SPEC 0: q and kv rows 16-byte aligned (row
+// strides multiples of 8 elements), out rows 4-byte aligned (even strides).
 #pragma once
 
 #include <cstdint>
 
 #include "mlakit/mla_decode.h"
 #include "mlakit/status.h"
+#include "mlakit/stream.h"
 #include "mlakit/tensor.h"
 
 namespace mlakit {
@@ -31,6 +37,12 @@ struct MlaSparsePrefillArgs {
   int d_v = 512;
   LseBase lse_base = LseBase::kBase2;
 };
+
+// Validates every argument (InvalidArgument / Unsupported naming it), then launches on
+// `stream`. Indices < 0 or >= s_kv (and those past topk_length[i]) are never dereferenced; a
+// row with none valid gets out 0, max_logits -inf, lse +inf. UnsupportedArchitecture below
+// sm80, NoDevice without a GPU.
+Status mla_sparse_prefill(const MlaSparsePrefillArgs& args, cudaStream_t stream);
 
 namespace reference {
 // float64 reference on host memory.

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "dispatch/cuda_status.h"
 #include "kernels/portable/launch.h"
 #include "kernels/sm90/launch.h"
 
@@ -14,12 +15,6 @@ namespace {
 template <typename T>
 T* region(const MlaDecodePlan& plan, std::size_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(plan.workspace) + offset);
-}
-
-Status cuda_status(const char* op, cudaError_t err) {
-  if (err == cudaSuccess) return Status::ok();
-  return Status(StatusCode::kCudaError, std::string(op) + ": " + cudaGetErrorName(err) + ": " +
-                                            cudaGetErrorString(err));
 }
 
 ScheduleConfig plan_schedule_config(const MlaDecodePlan& plan) {

@@ -4,6 +4,8 @@
 #include <limits>
 #include <sstream>
 
+#include "host/device.h"
+
 namespace mlakit::detail {
 
 Status invalid(const char* op, const std::string& what) {
@@ -144,6 +146,15 @@ Status check_extent_fits(const char* op, const char* name, const TensorRef& t) {
     extent += n * t.stride[i];
   }
   return Status::ok();
+}
+
+Status current_supported_device(const char* op, DeviceInfo* info) {
+  MLAKIT_RETURN_IF_ERROR(current_device_info(info));
+  if (info->cc_major >= 8) return Status::ok();
+  return Status(StatusCode::kUnsupportedArchitecture,
+                std::string(op) + ": device " + std::to_string(info->ordinal) +
+                    ": expected compute capability >= 8.0 (sm80), got " + std::to_string(info->cc_major) + "." +
+                    std::to_string(info->cc_minor));
 }
 
 }  // namespace mlakit::detail

@@ -18,6 +18,10 @@ struct DeviceInfo {
 // The current device's properties (cached per ordinal after the first query).
 Status current_device_info(DeviceInfo* info);
 
+// The current device, when it can run mlakit's kernels: every kernel needs sm80+ (bf16
+// mma.sync), so older GPUs get an UnsupportedArchitecture error naming `op`, never wrong code.
+Status current_supported_device(const char* op, DeviceInfo* info);
+
 // Ok when `ptr` is memory the current device can read as device memory (device or managed
 // allocations); an InvalidArgument naming `name` when it is host memory or belongs to
 // another device. Pointers the runtime does not know (e.g. from another allocator that

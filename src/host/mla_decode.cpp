@@ -16,20 +16,6 @@ namespace {
 
 using detail::invalid;
 
-// Every kernel needs sm80+ (bf16 mma.sync); older GPUs get an error, never wrong code.
-Status check_architecture(const char* op, const detail::DeviceInfo& dev) {
-  if (dev.cc_major >= 8) return Status::ok();
-  return Status(StatusCode::kUnsupportedArchitecture,
-                std::string(op) + ": device " + std::to_string(dev.ordinal) +
-                    ": expected compute capability >= 8.0 (sm80), got " +
-                    std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
-}
-
-Status current_supported_device(const char* op, detail::DeviceInfo* dev) {
-  MLAKIT_RETURN_IF_ERROR(detail::current_device_info(dev));
-  return check_architecture(op, *dev);
-}
-
 Status check_seqlens(const char* op, const TensorRef& seqlens, int64_t b, int device) {
   using namespace detail;
   MLAKIT_RETURN_IF_ERROR(check_vector(op, "cache_seqlens", seqlens, DType::kInt32, "b", b));
@@ -45,7 +31,7 @@ Status mla_decode_workspace_size(const MlaDecodeProblem& problem, std::size_t* b
   if (bytes == nullptr) return invalid(kOp, "bytes: expected a non-null pointer, got null");
   MLAKIT_RETURN_IF_ERROR(detail::validate_decode_problem(kOp, problem));
   detail::DeviceInfo dev;
-  MLAKIT_RETURN_IF_ERROR(current_supported_device(kOp, &dev));
+  MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
   MlaDecodePlan layout;
   MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout, options.kernel));
   *bytes = layout.workspace_bytes;
@@ -59,7 +45,7 @@ Status mla_decode_plan(const MlaDecodeProblem& problem, const TensorRef& cache_s
   if (plan == nullptr) return invalid(kOp, "plan: expected a non-null pointer, got null");
   MLAKIT_RETURN_IF_ERROR(detail::validate_decode_problem(kOp, problem));
   detail::DeviceInfo dev;
-  MLAKIT_RETURN_IF_ERROR(current_supported_device(kOp, &dev));
+  MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
   MLAKIT_RETURN_IF_ERROR(check_seqlens(kOp, cache_seqlens, problem.b, dev.ordinal));
   MlaDecodePlan layout;
   MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout, options.kernel));
@@ -79,7 +65,7 @@ Status mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan, cudaStre
   MlaDecodeProblem problem;
   MLAKIT_RETURN_IF_ERROR(detail::validate_mla_decode_args(kOp, args, &problem));
   detail::DeviceInfo dev;
-  MLAKIT_RETURN_IF_ERROR(current_supported_device(kOp, &dev));
+  MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
   MLAKIT_RETURN_IF_ERROR(detail::validate_mla_decode_device_args(kOp, args, problem, plan, dev.ordinal));
 #if MLAKIT_WITH_CUDA
   return detail::dispatch_mla_decode(args, plan, detail::resolve_softmax_scale(args.softmax_scale, problem.d_qk),

@@ -85,12 +85,7 @@ Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, const MlaDecodePla
   detail::SparseDecodeShape shape;
   MLAKIT_RETURN_IF_ERROR(detail::validate_mla_sparse_decode_args(kOp, args, /*allow_float_out=*/false, &shape));
   detail::DeviceInfo dev;
-  MLAKIT_RETURN_IF_ERROR(detail::current_device_info(&dev));
-  if (dev.cc_major < 8) {
-    return Status(StatusCode::kUnsupportedArchitecture,
-                  std::string(kOp) + ": expected compute capability >= 8.0, got " + std::to_string(dev.cc_major) +
-                      "." + std::to_string(dev.cc_minor));
-  }
+  MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
   MlaDecodeProblem scheduled;
   MLAKIT_RETURN_IF_ERROR(scheduled_problem(
       kOp, MlaSparseDecodeProblem{.b = shape.b, .s_q = shape.s_q, .h_q = shape.h_q, .topk = shape.topk}, &scheduled));

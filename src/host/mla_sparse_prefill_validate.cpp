@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "host/check.h"
 
@@ -75,6 +76,27 @@ Status validate_mla_sparse_prefill_args(const char* op, const MlaSparsePrefillAr
   }
   MLAKIT_RETURN_IF_ERROR(check_logit_scale(op, "sm_scale", a.sm_scale));
   *shape = s;
+  return Status::ok();
+}
+
+Status validate_mla_sparse_prefill_kernel_args(const char* op, const MlaSparsePrefillArgs& a,
+                                               const SparsePrefillShape& shape, int rows_per_cta) {
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "q", a.q, 16));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "kv", a.kv, 16));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "out", a.out, 4));
+  const std::pair<const char*, const TensorRef*> four_byte[] = {
+      {"indices", &a.indices}, {"topk_length", &a.topk_length}, {"attn_sink", &a.attn_sink},
+      {"max_logits", &a.max_logits}, {"lse", &a.lse}};
+  for (const auto& [name, t] : four_byte) {
+    if (!t->empty()) MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, name, *t, 4));
+  }
+  const int64_t row_tiles = (shape.h_q + rows_per_cta - 1) / rows_per_cta;
+  constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;
+  if (shape.s_q > kMaxGridX / row_tiles) {
+    return unsupported(op, "q.shape[0] (s_q): expected s_q * ceil(h_q / " + std::to_string(rows_per_cta) +
+                               ") <= 2^31 - 1 (one CTA per token and row tile), got s_q = " +
+                               std::to_string(shape.s_q) + ", h_q = " + std::to_string(shape.h_q));
+  }
   return Status::ok();
 }
 

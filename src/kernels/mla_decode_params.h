@@ -8,6 +8,12 @@
 
 namespace mlakit::detail {
 
+// How the sparse mode's listed keys are stored (read only when `indices` is set).
+enum class SparseKeyFormat : int32_t {
+  kFp8WithScale = 0,  // sparse decode: 656-byte FP8 tokens (SPEC 7), dequantized into the K tile
+  kElemRows = 1,      // sparse prefill: rows in q's dtype, copied as they are
+};
+
 struct MlaDecodeParams {
   const void* q;                 // [b, s_q, h_q, d_qk]
   const void* kv;                // [num_blocks, page_size, h_kv, d_qk]
@@ -50,6 +56,20 @@ struct MlaDecodeParams {
   const int32_t* indices;        // [b, s_q, topk]
   int64_t indices_stride_b, indices_stride_s;
   const float* attn_sink;        // [h_q] or null: out *= 1 / (1 + exp(sink - lse))
+
+  // Sparse prefill additions; their defaults keep the decode's behaviour, so code that fills
+  // only the fields above is unaffected. The portable kernel alone reads them.
+  SparseKeyFormat sparse_key_format = SparseKeyFormat::kFp8WithScale;
+  // Columns stored per q and kv row: 576, or 512 (the prefill's d_qk = 512); the kernels'
+  // 576-wide tiles are zero-filled past it, which leaves q.k unchanged.
+  int d_qk = 576;
+  // Statistics in log2 units (the prefill's base-2 convention) instead of natural log.
+  bool lse_base2 = false;
+  // [b, h_q, s_q] addressed like lse, or null: the row's largest scaled logit in lse's base
+  // (-inf for a row with no key). Written where final rows are written directly (unsplit
+  // sequences): the combine has no max to merge, so callers that need it must not split.
+  float* max_logits = nullptr;
+  int64_t max_logits_stride_b = 0, max_logits_stride_h = 0, max_logits_stride_s = 0;
 };
 
 // Row r of kv head hk holds query token r / heads_per_kv of head hk * heads_per_kv +

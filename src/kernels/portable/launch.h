@@ -21,6 +21,12 @@ cudaError_t launch_decode_plan(const SeqLengths& lengths, int64_t b, const Sched
 template <typename Elem>
 cudaError_t launch_mla_decode_portable(const MlaDecodeParams& params, cudaStream_t stream);
 
+// Attention without a plan (the sparse prefill): grid (b * row tiles, h_kv), each CTA one
+// row tile of one sequence over all of its keys, final rows written directly; no workspace,
+// no combine. The caller keeps b * row tiles <= 2^31 - 1. Instantiated for bf16.
+template <typename Elem>
+cudaError_t launch_mla_portable_whole_sequence(const MlaDecodeParams& params, cudaStream_t stream);
+
 // Merges the partial results of split sequences and writes empty sequences (0, +inf).
 template <typename Elem>
 cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream);

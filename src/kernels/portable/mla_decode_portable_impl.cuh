@@ -24,6 +24,19 @@ cudaError_t launch_mla_decode_portable(const MlaDecodeParams& params, cudaStream
 }
 
 template <typename Elem>
+cudaError_t launch_mla_portable_whole_sequence(const MlaDecodeParams& params, cudaStream_t stream) {
+  using C = portable::DecodeConfig;
+  const int64_t row_tiles = (params.rows + C::kRows - 1) / C::kRows;
+  constexpr int kSmem = sizeof(portable::DecodeSmem<Elem>);
+  auto kernel = &portable::mla_portable_whole_sequence_kernel<Elem>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  dim3 grid(static_cast<unsigned>(params.b * row_tiles), params.h_kv);
+  kernel<<<grid, C::kThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+template <typename Elem>
 cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream) {
   using C = portable::CombineConfig;
   const int row_groups = min((params.rows + C::kWarps - 1) / C::kWarps, C::kMaxRowGroups);

@@ -7,7 +7,12 @@
 // the (sequence, key block) range its part was given by the planner; each sequence piece
 // ("segment") is an independent attention over a key range whose result is written either
 // straight to `out`/`lse` (the sequence has one split) or to the partial buffers that the
-// combine kernel merges.
+// combine kernel merges. The whole-sequence entry (sparse prefill) has no planner: CTA
+// (sequence * row tiles + tile, kv head) runs the whole sequence and writes final rows.
+//
+// Keys come from one of three sources (a runtime branch per tile, outside the inner loops):
+// dense paged (position -> block table), sparse FP8 (position -> indices -> 656-byte token,
+// dequantized) and sparse rows (position -> indices -> row in q's dtype, the prefill's kv).
 //
 // Warps: 8, no specialisation. Per key tile of kKeys keys:
 //   1. threads 0..kKeys-1 translate key positions to cache offsets through the block table
@@ -71,10 +76,14 @@ struct DecodeSmem {
   float alpha[C::kRows];     // rescale of O for the current tile
   float inv_l[C::kRows];     // 1 / row sum at the end of a segment (0 for an empty row)
   float lse2[C::kRows];      // log2-domain LSE at the end of a segment (-inf: empty)
+  float max2[C::kRows];      // log2-domain largest logit at the end of a segment (-inf: empty)
   int row_limit[C::kRows];   // exclusive bound of visible key positions per row
   int64_t key_offset[C::kKeys];  // element offset of each key's cache row; -1: zero row
   int bad;                   // a block-table entry was out of range in this segment
 };
+
+// run_segment's `partial_slot` for a segment that is the whole sequence: final rows.
+inline constexpr int kFinalOutput = -1;
 
 template <typename Elem>
 class DecodeCta {
@@ -82,12 +91,14 @@ class DecodeCta {
   using Ops = device::ElemOps<Elem>;
 
  public:
-  __device__ DecodeCta(const MlaDecodeParams& p, DecodeSmem<Elem>& sm)
+  // Row tile `tile` (rows tile * kRows ..) of kv head `hk`.
+  __device__ DecodeCta(const MlaDecodeParams& p, DecodeSmem<Elem>& sm, int tile, int hk)
       : p_(p), sm_(sm), tid_(threadIdx.x), warp_(threadIdx.x / 32), lane_(threadIdx.x % 32),
-        tile_(blockIdx.x), hk_(blockIdx.y) {}
+        tile_(tile), hk_(hk) {}
 
-  // Attention of this CTA's rows over keys [key_begin, key_end) of sequence `seq`.
-  __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split) {
+  // Attention of this CTA's rows over keys [key_begin, key_end) of sequence `seq`; the result
+  // goes to `out`/`lse` (partial_slot == kFinalOutput) or to that partial-result slot.
+  __device__ void run_segment(int seq, int L, int key_begin, int key_end, int partial_slot) {
     load_q_and_limits(seq, L);
     reset_state();
     const int tiles_end = tile_keys_end(p_, hk_, tile_ * C::kRows, C::kRows, L, key_end);
@@ -102,11 +113,10 @@ class DecodeCta {
     }
     finish_rows();
     __syncthreads();
-    const int splits = p_.split_prefix[seq + 1] - p_.split_prefix[seq];
-    if (splits == 1) {
+    if (partial_slot == kFinalOutput) {
       store_final(seq);
     } else {
-      store_partial(p_.partial_prefix[seq] + split);
+      store_partial(partial_slot);
     }
     __syncthreads();
   }
@@ -114,11 +124,12 @@ class DecodeCta {
  private:
   __device__ void load_q_and_limits(int seq, int L) {
     const Elem* q = static_cast<const Elem*>(p_.q);
+    const int stored_chunks = p_.d_qk / C::kChunk;  // columns past d_qk stay zero
     for (int c = tid_; c < C::kRows * C::kChunksPerRow; c += C::kThreads) {
       int r = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
       int row = tile_ * C::kRows + r;
       Elem* dst = &sm_.q[r][chunk * C::kChunk];
-      if (row < p_.rows) {
+      if (row < p_.rows && chunk < stored_chunks) {
         RowCoord rc = row_coord(p_, hk_, row);
         device::cp_async_16(dst, q + seq_offset(p_, seq, p_.q_stride_b, p_.q_stride_s) + rc.t * p_.q_stride_s +
                                      rc.head * p_.q_stride_h + chunk * C::kChunk);
@@ -143,35 +154,54 @@ class DecodeCta {
     row_sum_ = 0.f;
   }
 
+  // Steps 1-2 of a key tile: threads 0..kKeys-1 find each key's row (key_offset, -1: none,
+  // zero-filled and masked in the softmax, never read), then all threads fill the K tile.
   __device__ void load_keys(int seq, int k0, int key_end) {
-    if (p_.indices != nullptr) {
-      load_sparse_keys(seq, k0, key_end);
-      return;
-    }
     if (tid_ < C::kKeys) {
-      int pos = k0 + tid_;
-      int64_t offset = -1;
-      if (pos < key_end) {
-        int logical = pos / p_.page_size;
-        int32_t block = logical < p_.max_blocks_per_seq
-                            ? p_.block_table[seq * p_.block_table_stride_b + logical]
-                            : -1;
-        if (block < 0 || block >= p_.num_blocks) {
-          sm_.bad = 1;  // reported as NaN rows, never dereferenced
-        } else {
-          offset = block * p_.kv_stride_block + (pos % p_.page_size) * p_.kv_stride_page +
-                   hk_ * p_.kv_stride_h;
-        }
-      }
-      sm_.key_offset[tid_] = offset;
+      const int pos = k0 + tid_;
+      sm_.key_offset[tid_] = pos >= key_end            ? int64_t{-1}
+                             : p_.indices != nullptr ? listed_key_offset(seq, pos)
+                                                     : paged_key_offset(seq, pos);
     }
     __syncthreads();
+    if (p_.indices != nullptr && p_.sparse_key_format == SparseKeyFormat::kFp8WithScale) {
+      dequantize_fp8_keys();
+    } else {
+      copy_keys();
+    }
+  }
+
+  // Dense decode: through the block table. An entry outside the table or [0, num_blocks) sets
+  // the segment's `bad` flag (reported as NaN rows) and is never dereferenced.
+  __device__ int64_t paged_key_offset(int seq, int pos) {
+    const int logical = pos / p_.page_size;
+    const int32_t block =
+        logical < p_.max_blocks_per_seq ? p_.block_table[seq * p_.block_table_stride_b + logical] : -1;
+    if (block < 0 || block >= p_.num_blocks) {
+      sm_.bad = 1;
+      return -1;
+    }
+    return block * p_.kv_stride_block + (pos % p_.page_size) * p_.kv_stride_page + hk_ * p_.kv_stride_h;
+  }
+
+  // Sparse modes: key pos is slot indices[..][pos] = block * page_size + offset (the prefill
+  // passes its kv as s_kv pages of one row, so the slot is the row). Slots outside
+  // [0, num_blocks * page_size), -1 included, are skipped.
+  __device__ int64_t listed_key_offset(int seq, int pos) const {
+    const int64_t slot = p_.indices[seq_offset(p_, seq, p_.indices_stride_b, p_.indices_stride_s) + pos];
+    if (slot < 0 || slot >= p_.num_blocks * p_.page_size) return -1;
+    return (slot / p_.page_size) * p_.kv_stride_block + (slot % p_.page_size) * p_.kv_stride_page;
+  }
+
+  // Rows stored in Elem: 16-byte cp.async of the first d_qk columns, zeros elsewhere.
+  __device__ void copy_keys() {
     const Elem* kv = static_cast<const Elem*>(p_.kv);
+    const int stored_chunks = p_.d_qk / C::kChunk;
     for (int c = tid_; c < C::kKeys * C::kChunksPerRow; c += C::kThreads) {
-      int key = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
+      const int key = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
       Elem* dst = &sm_.k[key][chunk * C::kChunk];
-      int64_t offset = sm_.key_offset[key];
-      if (offset >= 0) {
+      const int64_t offset = sm_.key_offset[key];
+      if (offset >= 0 && chunk < stored_chunks) {
         device::cp_async_16(dst, kv + offset + chunk * C::kChunk);
       } else {
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
@@ -181,22 +211,9 @@ class DecodeCta {
     __syncthreads();
   }
 
-  // Sparse FP8 decode: key pos of sequence seq is cache slot indices[..][pos]; invalid slots
-  // get offset -1 (masked out and zero-filled, never read); valid ones are dequantized from
-  // the 656-byte format into the bf16 K tile (common/fp8_cache_row.h, as the reference).
-  __device__ void load_sparse_keys(int seq, int k0, int key_end) {
-    if (tid_ < C::kKeys) {
-      const int pos = k0 + tid_;
-      int64_t offset = -1;
-      if (pos < key_end) {
-        const int64_t slot = p_.indices[seq_offset(p_, seq, p_.indices_stride_b, p_.indices_stride_s) + pos];
-        if (slot >= 0 && slot < p_.num_blocks * p_.page_size) {
-          offset = (slot / p_.page_size) * p_.kv_stride_block + (slot % p_.page_size) * p_.kv_stride_page;
-        }
-      }
-      sm_.key_offset[tid_] = offset;
-    }
-    __syncthreads();
+  // Sparse FP8 decode: valid tokens are dequantized from the 656-byte format into the bf16 K
+  // tile (common/fp8_cache_row.h, the same arithmetic as the reference).
+  __device__ void dequantize_fp8_keys() {
     const uint8_t* cache = static_cast<const uint8_t*>(p_.kv);
     constexpr int kNopeChunks = kFp8NopeDim / C::kChunk;
     for (int c = tid_; c < C::kKeys * C::kChunksPerRow; c += C::kThreads) {
@@ -317,10 +334,12 @@ class DecodeCta {
       const bool empty = row_sum_ == 0.f;
       sm_.inv_l[r] = empty ? 0.f : 1.f / row_sum_;
       sm_.lse2[r] = empty ? -INFINITY : row_max_ + log2f(row_sum_);
+      sm_.max2[r] = empty ? -INFINITY : row_max_;
     }
   }
 
-  // One split: normalised output in q's dtype, natural-log LSE (+inf for an empty row).
+  // One split: normalised output in q's dtype, LSE (+inf for an empty row) and max logit
+  // (-inf) in natural log or, with lse_base2, log2 units.
   __device__ void store_final(int seq) {
     const bool bad = sm_.bad != 0;
     Elem* out = static_cast<Elem*>(p_.out);
@@ -337,10 +356,16 @@ class DecodeCta {
       const int row = tile_ * C::kRows + tid_;
       if (row < p_.rows) {
         RowCoord rc = row_coord(p_, hk_, row);
+        const float to_base = p_.lse_base2 ? 1.f : device::kLn2;
         float lse2 = sm_.lse2[tid_];
-        float lse = bad ? NAN : (lse2 == -INFINITY ? INFINITY : lse2 * device::kLn2);
+        float lse = bad ? NAN : (lse2 == -INFINITY ? INFINITY : lse2 * to_base);
         p_.lse[seq_offset(p_, seq, p_.lse_stride_b, p_.lse_stride_s) + rc.head * p_.lse_stride_h +
                rc.t * p_.lse_stride_s] = lse;
+        if (p_.max_logits != nullptr) {
+          p_.max_logits[seq_offset(p_, seq, p_.max_logits_stride_b, p_.max_logits_stride_s) +
+                        rc.head * p_.max_logits_stride_h + rc.t * p_.max_logits_stride_s] =
+              bad ? NAN : sm_.max2[tid_] * to_base;
+        }
       }
     }
   }
@@ -390,11 +415,29 @@ __global__ void __launch_bounds__(DecodeConfig::kThreads, 2)
     mla_decode_portable_kernel(const __grid_constant__ MlaDecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<DecodeSmem<Elem>*>(smem_raw);
-  DecodeCta<Elem> cta(p, sm);
+  DecodeCta<Elem> cta(p, sm, blockIdx.x, blockIdx.y);
   for_each_segment(p, p.part_ranges[blockIdx.z],
                    [&](int seq, int L, int key_begin, int key_end, int split) {
-                     cta.run_segment(seq, L, key_begin, key_end, split);
+                     const int splits = p.split_prefix[seq + 1] - p.split_prefix[seq];
+                     cta.run_segment(seq, L, key_begin, key_end,
+                                     splits == 1 ? kFinalOutput : p.partial_prefix[seq] + split);
                    });
+}
+
+// Whole-sequence entry (sparse prefill: no plan, no workspace). Grid (sequences * row tiles,
+// h_kv); consecutive CTAs are the row tiles of one sequence, so they gather the same keys
+// close together in time and all but the first find them in L2. Every CTA covers all keys of
+// its sequence and writes final rows, also for a sequence of length 0 (0, lse +inf).
+template <typename Elem>
+__global__ void __launch_bounds__(DecodeConfig::kThreads, 2)
+    mla_portable_whole_sequence_kernel(const __grid_constant__ MlaDecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<DecodeSmem<Elem>*>(smem_raw);
+  const int row_tiles = (p.rows + DecodeConfig::kRows - 1) / DecodeConfig::kRows;
+  const int seq = static_cast<int>(blockIdx.x) / row_tiles;
+  DecodeCta<Elem> cta(p, sm, static_cast<int>(blockIdx.x) % row_tiles, blockIdx.y);
+  const int L = p.lengths(seq);
+  cta.run_segment(seq, L, 0, L, kFinalOutput);
 }
 
 }  // namespace mlakit::detail::portable
