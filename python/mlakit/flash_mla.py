@@ -90,12 +90,16 @@ def get_mla_metadata(
     sparse = topk is not None
     _check_cache_kind(is_fp8_kvcache, sparse)
     if arrays.on_host(cache_seqlens):
-        import numpy as np
-
-        return np.zeros((1, 8), dtype=np.int32), np.zeros((b + 1,), dtype=np.int32)
+        placeholders = arrays.empty(cache_seqlens, (1, 8), "int32"), arrays.empty(cache_seqlens, (b + 1,), "int32")
+        for array in placeholders:
+            array[...] = 0
+        return placeholders
     if sparse:
         if num_heads_q is None:
-            raise ValueError("get_mla_metadata: num_heads_q: expected the number of query heads for the sparse decode (topk given), got None")
+            raise ValueError(
+                "get_mla_metadata: num_heads_q: expected the number of query heads for the sparse decode (topk given), "
+                "got None"
+            )
         rows = num_q_tokens_per_head_k * num_heads_k
         if rows % num_heads_q != 0:
             raise ValueError(
@@ -150,7 +154,9 @@ def flash_mla_with_kvcache(
     if sparse and causal:
         raise ValueError("flash_mla_with_kvcache: causal: expected False with indices (sparse attention), got True")
     if not sparse and (attn_sink is not None or topk_length is not None):
-        raise ValueError("flash_mla_with_kvcache: attn_sink and topk_length: expected None for dense attention (no indices)")
+        raise ValueError(
+            "flash_mla_with_kvcache: attn_sink and topk_length: expected None for dense attention (no indices)"
+        )
 
     if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
         if num_splits is not None:
@@ -209,7 +215,9 @@ def _reject_unsupported(extra_k_cache: Any, extra_indices_in_kvcache: Any, extra
         if value is not None
     ]
     if given:
-        raise NotImplementedError(f"flash_mla_with_kvcache: {', '.join(given)}: not supported by mlakit (expected None)")
+        raise NotImplementedError(
+            f"flash_mla_with_kvcache: {', '.join(given)}: not supported by mlakit (expected None)"
+        )
 
 
 def _check_cache_kind(is_fp8_kvcache: bool, sparse: bool) -> None:
@@ -225,7 +233,9 @@ def _check_cache_kind(is_fp8_kvcache: bool, sparse: bool) -> None:
         )
 
 
-def _config(q: Any, k_cache: Any, causal: bool, is_fp8_kvcache: bool, indices: Optional[Any]) -> FlashMLASchedMeta.Config:
+def _config(
+    q: Any, k_cache: Any, causal: bool, is_fp8_kvcache: bool, indices: Optional[Any]
+) -> FlashMLASchedMeta.Config:
     return FlashMLASchedMeta.Config(
         b=int(q.shape[0]),
         s_q=int(q.shape[1]),

@@ -97,7 +97,11 @@ def test_a_flash_mla_decoding_loop_matches_the_reference():
             for i, n in enumerate(lengths):
                 for pos in range(n - s_q, n):
                     cache[table[i, pos // page], pos % page] = to_bf16(cache_values(rng, (1, D_QK)))
-        meta, num_splits = flash_mla.get_mla_metadata() if step % 2 else flash_mla.get_mla_metadata(lengths, s_q * h_q, 1)
+        # Both metadata forms, alternately.
+        if step % 2:
+            meta, num_splits = flash_mla.get_mla_metadata(lengths, s_q * h_q, 1)
+        else:
+            meta, num_splits = flash_mla.get_mla_metadata()
         for cache in caches:
             q = to_bf16(activations(rng, q0.shape))
             out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lengths, 512, meta, num_splits, causal=True)
