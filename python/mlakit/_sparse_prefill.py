@@ -29,20 +29,17 @@ def mla_sparse_prefill(
     Returns ``(out [s_q, h_q, d_v] bfloat16, max_logits [s_q, h_q] float32, lse [s_q, h_q]
     float32)``; a row with no valid index gives 0, -inf, +inf.
 
-    Host arrays run the CPU reference. Device arrays raise NotImplementedError until the
-    library's GPU kernel exists.
+    Host arrays run the CPU reference; device arrays the GPU kernel on the current stream.
     """
     s_q, h_q = int(q.shape[0]), int(q.shape[1])
     out = arrays.empty(q, (s_q, h_q, d_v))
     max_logits = arrays.empty(q, (s_q, h_q), "float32")
     lse = arrays.empty(q, (s_q, h_q), "float32")
-    if not arrays.on_host(q):
-        raise NotImplementedError(
-            "mla_sparse_prefill: the GPU kernel is not in mlakit yet; host arrays (NumPy, CPU tensors) run the "
-            "CPU reference"
-        )
     v = arrays.extension_view
-    _C.mla_sparse_prefill_reference(
-        v(q), v(kv), indices, topk_length, attn_sink, v(out), max_logits, lse, sm_scale, d_v, lse_base
-    )
+    args = (v(q), v(kv), indices, topk_length, attn_sink, v(out), max_logits, lse, sm_scale, d_v, lse_base)
+    if arrays.on_host(q):
+        _C.mla_sparse_prefill_reference(*args)
+    else:
+        with arrays.device_scope(q):
+            _C.mla_sparse_prefill(*args, arrays.current_stream(q))
     return out, max_logits, lse

@@ -12,8 +12,8 @@ flash_mla``, same names, arguments, defaults, shapes and return values.
 
 Host arrays (NumPy, CPU tensors) run the float64 CPU reference and need no metadata. What is
 not honoured raises NotImplementedError: the dense FP8 cache, extra_k_cache /
-extra_indices_in_kvcache / extra_topk_length, indexer_topk > 0, and the sparse prefill on
-device arrays until mlakit has its GPU kernel. docs/python.md has the details.
+extra_indices_in_kvcache / extra_topk_length and indexer_topk > 0. docs/python.md has the
+details.
 """
 
 from __future__ import annotations
@@ -197,8 +197,7 @@ def flash_mla_sparse_fwd(
     """Sparse MLA prefill: q [s_q, h_q, d_qk] bfloat16, kv [s_kv, 1, d_qk] bfloat16, indices
     [s_q, 1, topk] int32 (< 0 or >= s_kv: invalid), optional attn_sink [h_q] float32 and
     topk_length [s_q] int32. Returns ``(output [s_q, h_q, d_v] bfloat16, max_logits [s_q, h_q]
-    float32, lse [s_q, h_q] float32)`` with base-2 statistics (P = q.k * sm_scale * log2(e)).
-    Device arrays raise NotImplementedError until mlakit has the GPU kernel."""
+    float32, lse [s_q, h_q] float32)`` with base-2 statistics (P = q.k * sm_scale * log2(e))."""
     if indexer_topk != 0:
         raise NotImplementedError(f"flash_mla_sparse_fwd: indexer_topk: only 0 is supported, got {indexer_topk}")
     return mla_sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base="2")

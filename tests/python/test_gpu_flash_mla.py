@@ -6,10 +6,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from accuracy import check_stat  # noqa: E402
 from mlakit import flash_mla  # noqa: E402
 from torch_cases import (  # noqa: E402
     activations,
     block_table,
+    cache_values,
     check,
     dense_reference,
     fill_cache,
@@ -19,7 +21,9 @@ from torch_cases import (  # noqa: E402
     require_gpu,
     seqlens,
     sparse_indices,
+    sparse_prefill_reference,
     sparse_reference,
+    to_numpy,
 )
 
 require_gpu()
@@ -150,3 +154,15 @@ def test_cuda_graph_of_a_flash_mla_step_replays_with_new_lengths(form):
         torch.cuda.synchronize()
         for q, kv, (out, lse) in zip(qs, caches, results):
             check(out, lse, *dense_reference(q, kv, table, cache_seqlens))
+
+
+def test_sparse_prefill_returns_flash_mla_shapes_with_base2_statistics():
+    s_q, h_q, topk, s_kv = 16, 64, 256, 1000
+    gen = generator(34)
+    q = activations(gen, (s_q, h_q, 576))
+    kv = cache_values(gen, (s_kv, 1, 576)).to(torch.bfloat16)
+    indices = sparse_indices(gen, 1, s_q, topk, s_kv, s_kv).view(s_q, 1, topk)
+    out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(q, kv, indices, 576**-0.5)
+    ref_out, ref_max, ref_lse = sparse_prefill_reference(q, kv, indices, 576**-0.5)
+    check(out, lse, ref_out, ref_lse)
+    check_stat(to_numpy(max_logits), to_numpy(ref_max), "max_logits")

@@ -1,11 +1,14 @@
 """Sparse FP8 decode, the FP8 cache tools and the sparse prefill on PyTorch CUDA tensors,
 against PyTorch references written here. Skipped without torch or CUDA."""
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import mlakit  # noqa: E402
+from accuracy import check_stat  # noqa: E402
 from torch_cases import (  # noqa: E402
     activations,
     cache_values,
@@ -15,7 +18,9 @@ from torch_cases import (  # noqa: E402
     generator,
     require_gpu,
     sparse_indices,
+    sparse_prefill_reference,
     sparse_reference,
+    to_numpy,
 )
 
 require_gpu()
@@ -61,10 +66,23 @@ def test_sparse_decode_matches_reference(b, s_q, h_q, topk, options):
     check(out, lse, *sparse_reference(q, cache, indices, None, topk_length, attn_sink))
 
 
-def test_sparse_prefill_on_device_arrays_is_not_implemented_yet():
-    gen = generator(21)
-    q = activations(gen, (4, 16, 576))
-    kv = activations(gen, (32, 1, 576))
-    indices = torch.zeros((4, 1, 64), dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="GPU kernel"):
-        mlakit.mla_sparse_prefill(q, kv, indices)
+@pytest.mark.parametrize(
+    "s_q,h_q,d_qk,topk,options",
+    [(32, 128, 576, 2048, False), (50, 64, 512, 128, True), (7, 16, 576, 64, True)],
+    ids=["v32_prefill", "d512_topk_length_sink", "small"],
+)
+def test_sparse_prefill_matches_reference(s_q, h_q, d_qk, topk, options):
+    gen = generator(s_q + topk)
+    s_kv = 3000
+    q = activations(gen, (s_q, h_q, d_qk))
+    kv = cache_values(gen, (s_kv, 1, d_qk)).to(torch.bfloat16)
+    indices = sparse_indices(gen, 1, s_q, topk, s_kv, s_kv).view(s_q, 1, topk)
+    topk_length = torch.randint(0, topk + 1, (s_q,), generator=gen, dtype=torch.int32).cuda() if options else None
+    attn_sink = torch.randn(h_q, generator=gen).cuda() if options else None
+    out, max_logits, lse = mlakit.mla_sparse_prefill(q, kv, indices, 0.05, 512, attn_sink, topk_length)
+    assert out.dtype == torch.bfloat16 and out.shape == (s_q, h_q, 512) and max_logits.shape == (s_q, h_q)
+    ref_out, ref_max, ref_lse = sparse_prefill_reference(q, kv, indices, 0.05, topk_length, attn_sink)
+    check(out, lse, ref_out, ref_lse)
+    check_stat(to_numpy(max_logits), to_numpy(ref_max), "max_logits")
+    _, _, lse_e = mlakit.mla_sparse_prefill(q, kv, indices, 0.05, 512, attn_sink, topk_length, lse_base="e")
+    check_stat(to_numpy(lse_e), to_numpy(ref_lse) * math.log(2))

@@ -140,6 +140,23 @@ def sparse_reference(q, cache, indices, scale=None, topk_length=None, attn_sink=
         out *= (1 / (1 + torch.exp(attn_sink.double().view(1, 1, -1) - lse))).unsqueeze(-1)
     return out, lse.masked_fill(lse == -math.inf, math.inf).transpose(1, 2)
 
+def sparse_prefill_reference(q, kv, indices, sm_scale, topk_length=None, attn_sink=None):
+    """Float64 sparse prefill with base-2 statistics: (out [s_q, h_q, 512], max_logits, lse)."""
+    s_q, topk = indices.shape[0], indices.shape[-1]
+    valid = (indices[:, 0] >= 0) & (indices[:, 0] < kv.shape[0])
+    if topk_length is not None:
+        valid &= torch.arange(topk, device="cuda").view(1, topk) < topk_length.view(s_q, 1)
+    keys = kv[:, 0].double()[torch.where(valid, indices[:, 0], 0).long()]  # [s_q, topk, d_qk]
+    z = torch.einsum("shd,skd->shk", q.double(), keys) * sm_scale
+    z = z.masked_fill(~valid.unsqueeze(1), -math.inf)
+    weights, lse = _softmax_rows(z)
+    out = torch.einsum("shk,skd->shd", weights, keys[..., :D_V])
+    if attn_sink is not None:
+        out *= (1 / (1 + torch.exp(attn_sink.double().view(1, -1) - lse))).unsqueeze(-1)
+    log2e = 1 / math.log(2)
+    return out, z.amax(dim=-1) * log2e, lse.masked_fill(lse == -math.inf, math.inf) * log2e
+
+
 def to_numpy(t):
     return t.detach().float().cpu().numpy() if t.dtype != torch.float64 else t.detach().cpu().numpy()
 
