@@ -34,11 +34,11 @@ from ._sparse_decode import mla_sparse_decode_plan
 
 @dataclasses.dataclass
 class Schedule:
-    """One step's plan: dense (split over cache_seqlens) or sparse (over topk / topk_length)."""
+    """One step's plan: dense (split over cache_seqlens) or sparse (over topk / topk_length keys)."""
 
     workspace: Any
     plan: MlaDecodePlan
-    sparse: bool
+    topk: Optional[int]  # None: dense
     has_topk_length: bool = False
 
     def views(self) -> Tuple[Any, Any]:
@@ -50,10 +50,11 @@ class Schedule:
             arrays.int32_view(self.workspace, p.split_prefix_offset, (p.b + 1,)),
         )
 
-    def plan_for(self, q: Any, sparse: bool, has_topk_length: bool) -> MlaDecodePlan:
-        """The plan for a call with query ``q``, after checking the call is of this schedule's kind."""
-        if sparse != self.sparse:
-            made, called = ("sparse", "dense") if self.sparse else ("dense", "sparse")
+    def plan_for(self, q: Any, topk: Optional[int], has_topk_length: bool) -> MlaDecodePlan:
+        """The plan for a call with query ``q`` and ``topk`` indices per token (None: dense),
+        after checking the call is of this schedule's kind."""
+        if (topk is None) != (self.topk is None):
+            made, called = ("dense", "sparse") if self.topk is None else ("sparse", "dense")
             raise ValueError(
                 f"tile_scheduler_metadata: made for {made} attention, used for {called} attention "
                 "(indices given or not): get new metadata for this call"
@@ -65,7 +66,13 @@ class Schedule:
                 + " topk_length and depends on it: pass it to every call of the step, or to none"
                 + ("" if self.has_topk_length else " (get_mla_metadata(*args) cannot know it: use get_mla_metadata())")
             )
-        if sparse:
+        if topk is not None:
+            # The library's sparse plan does not record topk (its schedule covers topk keys).
+            if topk != self.topk:
+                raise ValueError(
+                    f"indices.shape[-1] (topk): expected {self.topk} (the schedule's), got {topk}: "
+                    "get new metadata for this call"
+                )
             return self.plan
         s_q, h_q = int(q.shape[1]), int(q.shape[2])
         return self.plan if (s_q, h_q) == (self.plan.s_q, self.plan.h_q) else self.plan.with_query_shape(s_q, h_q)
@@ -77,10 +84,11 @@ def schedule_for_call(
     """A plan made from the arguments of a flash_mla_with_kvcache call (device arrays)."""
     b, s_q, h_q = int(q.shape[0]), int(q.shape[1]), int(q.shape[2])
     if indices is not None:
-        workspace, plan = mla_sparse_decode_plan(b, s_q, h_q, int(indices.shape[-1]), q, topk_length)
-        return Schedule(workspace, plan, sparse=True, has_topk_length=topk_length is not None)
+        topk = int(indices.shape[-1])
+        workspace, plan = mla_sparse_decode_plan(b, s_q, h_q, topk, q, topk_length)
+        return Schedule(workspace, plan, topk, has_topk_length=topk_length is not None)
     workspace, plan = mla_decode_plan(cache_seqlens, s_q, h_q, int(k_cache.shape[2]))
-    return Schedule(workspace, plan, sparse=False)
+    return Schedule(workspace, plan, topk=None)
 
 
 # Tensor form: id(tile_scheduler_metadata) -> (weak reference to it, its schedule).

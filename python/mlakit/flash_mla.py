@@ -109,7 +109,7 @@ def get_mla_metadata(
         workspace, plan = mla_sparse_decode_plan(b, rows // num_heads_q, num_heads_q, topk, cache_seqlens)
     else:
         workspace, plan = mla_decode_plan(cache_seqlens, 1, num_q_tokens_per_head_k * num_heads_k, num_heads_k)
-    schedule = schedules.Schedule(workspace, plan, sparse=sparse)
+    schedule = schedules.Schedule(workspace, plan, topk)
     tile_scheduler_metadata, num_splits = schedule.views()
     schedules.register(tile_scheduler_metadata, schedule)
     return tile_scheduler_metadata, num_splits
@@ -169,7 +169,7 @@ def flash_mla_with_kvcache(
 
     with arrays.device_scope(q):
         schedule = _schedule(tile_scheduler_metadata, q, k_cache, cache_seqlens, indices, topk_length)
-        plan = schedule.plan_for(q, sparse, topk_length is not None)
+        plan = schedule.plan_for(q, None if indices is None else int(indices.shape[-1]), topk_length is not None)
         b, s_q, h_q = int(q.shape[0]), int(q.shape[1]), int(q.shape[2])
         out = arrays.empty(q, (b, s_q, h_q, D_V))
         lse = arrays.empty(q, (b, h_q, s_q), "float32")

@@ -95,6 +95,10 @@ def test_sparse_fp8_decode_matches_reference(form):
         q, k_cache, None, cache_seqlens, 512, meta, num_splits, is_fp8_kvcache=True, indices=indices, **options
     )
     check(out, lse, *sparse_reference(q, cache, indices, None, options.get("topk_length"), options.get("attn_sink")))
+    with pytest.raises(ValueError, match=r"topk"):  # a schedule serves one topk
+        flash_mla.flash_mla_with_kvcache(
+            q, k_cache, None, cache_seqlens, 512, meta, num_splits, is_fp8_kvcache=True, indices=indices[..., :64]
+        )
 
 
 @pytest.mark.parametrize("form", ["object", "arrays"])
