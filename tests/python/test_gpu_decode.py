@@ -99,7 +99,7 @@ def test_cuda_graph_of_plan_and_decode_replays_with_new_lengths_and_contents():
     for lengths in ((4200, 300, 64, 1000, 2), (1, 0, 63, 999, 2), (4000, 299, 10, 1000, 0)):
         cache_seqlens.copy_(seqlens(lengths))
         q.copy_(activations(gen, q.shape))
-        first = layers[0][table[0, 0].long()]
+        first = layers[0][int(table[0, 0])]
         first.copy_(first.flip(-1))  # new contents in a used block (NaN rows stay NaN)
         graph.replay()
         torch.cuda.synchronize()
