@@ -30,8 +30,7 @@ struct Sm90DecodeConfig {
   static constexpr uint32_t kBarConsumers = 1;  // both consumers: Q loaded, row sums, segment end
   static constexpr uint32_t kBarP0Ready = 2;    // consumer 0 arrives, consumer 1 syncs
   static constexpr uint32_t kBarP1Ready = 3;    // consumer 1 arrives, consumer 0 syncs
-  static constexpr uint32_t kBarSDone = 4;      // consumer 0's S_A finished: consumer 1 issues S_B
-  static constexpr uint32_t kBarZeroed = 5;     // + w: one consumer's zeroed cache rows
+  static constexpr uint32_t kBarZeroed = 4;     // + w: one consumer's zeroed cache rows
 
   static_assert(kRows == 64, "one wgmma M per CTA");
   static_assert(kSlabs * kSlabCols == kDqk && kNopeSlabs == 8, "V = slabs 0..7, RoPE = slab 8");

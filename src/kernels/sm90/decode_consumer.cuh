@@ -58,12 +58,14 @@ class Sm90Consumer {
     l_[0] = l_[1] = 0.f;
     bad_ = false;
     const int tiles = segment_tiles(p_, hk_, tile_, L, key_begin, key_end);
-    // One loop per role: ptxas follows wgmma groups along control-flow paths, so a role
-    // branch inside the loop would make it assume the other role's groups still in flight.
-    if (w_ == 0) {
-      for (int i = 0; i < tiles; i += 2) pair_consumer0(key_begin + i * C::kKeys, i + 1 < tiles, key_end);
-    } else {
-      for (int i = 0; i < tiles; i += 2) pair_consumer1(key_begin + i * C::kKeys, i + 1 < tiles, key_end);
+    for (int i = 0; i < tiles; i += 2) {
+      const int start_a = key_begin + i * C::kKeys;
+      const bool has_b = i + 1 < tiles;
+      if (w_ == 0) {
+        pair_consumer0(start_a, has_b, key_end);
+      } else {
+        pair_consumer1(start_a, has_b, key_end);
+      }
     }
     store(seq, split);
   }
@@ -75,10 +77,8 @@ class Sm90Consumer {
     bad_ |= acquire_stage(0, start_a, key_end);
     float s[32];
     issue_scores(s, 0);
-    dev::wgmma_wait<0>();
+    dev::wgmma_wait<0>();  // S_A, and the previous pair's P_B V_B,0
     dev::fence_registers(s);
-    // S_B starts now, alone on the tensor cores while this consumer's softmax runs.
-    if (has_b) dev::named_barrier_arrive(C::kBarSDone, C::kConsumerThreads);
     float m_a[2], sum_a[2];
     softmax(s, start_a, m_a, sum_a);
     publish(s, m_a, C::kBarP0Ready);
@@ -103,8 +103,6 @@ class Sm90Consumer {
       dev::fence_registers(frag);
       release(0);
     }
-    // Leaving P_B V_B,0 in flight into the next pair (stage 1 released after S_A') made
-    // ptxas serialise the wgmma pipeline (C7514), so it is waited for here.
     dev::wgmma_wait<0>();
     dev::fence_registers(o_);
     if (has_b) release(1);
@@ -124,8 +122,7 @@ class Sm90Consumer {
     const int start_b = start_a + C::kKeys;
     float s[32];
     bad_ |= acquire_stage(1, start_b, key_end);
-    dev::named_barrier_sync(C::kBarSDone, C::kConsumerThreads);
-    issue_scores(s, 1);  // alone on the tensor cores during softmax A
+    issue_scores(s, 1);  // queued behind S_A: the tensor cores work through softmax A
     float m_a[2];
     receive_tile_a(m_a);
     // O is rescaled outside any wgmma group in flight (ptxas serialises the pipeline
