@@ -54,11 +54,21 @@ std::vector<BenchCase> bench_cases(bool quick) {
   };
 }
 
+bool matches_filter(const std::string& name, const std::string& filter) {
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t end = filter.find(',', begin);
+    if (name.find(filter.substr(begin, end - begin)) != std::string::npos) return true;
+    if (end == std::string::npos) return false;
+    begin = end + 1;
+  }
+}
+
 std::vector<BenchCase> filter_cases(const std::vector<BenchCase>& cases,
                                     const std::string& substring) {
   std::vector<BenchCase> kept;
   for (const BenchCase& c : cases) {
-    if (c.name.find(substring) != std::string::npos) kept.push_back(c);
+    if (matches_filter(c.name, substring)) kept.push_back(c);
   }
   return kept;
 }

@@ -30,6 +30,9 @@ struct BenchCase {
 std::vector<BenchCase> bench_cases(bool quick);
 
 // The cases whose name contains `substring` (all of them for an empty one).
+// Whether a case name matches --filter: any of its comma-separated substrings (empty: all).
+bool matches_filter(const std::string& name, const std::string& filter);
+
 std::vector<BenchCase> filter_cases(const std::vector<BenchCase>& cases,
                                     const std::string& substring);
 

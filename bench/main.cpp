@@ -41,7 +41,7 @@ void print_usage(std::FILE* to) {
       "                    [--dtype bf16|fp16] [--kernel auto|portable|sm90]\n"
       "  --quick            a few cases (dense b128 h_q128 s_k4096 and b32 h_q16 s_k8192, sparse decode\n"
       "                     b128 and b64, sparse prefill s_kv8192); allows --runs < %d\n"
-      "  --filter SUBSTRING only the cases whose name contains SUBSTRING\n"
+      "  --filter SUBSTRING only the cases whose name contains SUBSTRING (several: a,b,c)\n"
       "  --runs N           timed runs per case, median reported (default %d, minimum %d)\n"
       "  --out DIR          results directory (default bench/results); appends to DIR/<gpu>.jsonl\n"
       "  --dtype bf16|fp16  q and cache element type (default bf16)\n"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "bench/cases.h"
 #include "bench/check.h"
 #include "bench/device_data.h"
 #include "mlakit/fp8_cache.h"
@@ -32,7 +33,7 @@ std::vector<SparseBenchCase> sparse_bench_cases(bool quick, const std::string& f
   }
   std::vector<SparseBenchCase> kept;
   for (const auto& c : all) {
-    if (c.name.find(filter) != std::string::npos) kept.push_back(c);
+    if (matches_filter(c.name, filter)) kept.push_back(c);
   }
   return kept;
 }

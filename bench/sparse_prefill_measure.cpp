@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "bench/cases.h"
 #include "bench/check.h"
 #include "bench/device_data.h"
 #include "mlakit/mla_sparse_prefill.h"
@@ -41,7 +42,7 @@ std::vector<PrefillBenchCase> prefill_bench_cases(bool quick, const std::string&
   }
   std::vector<PrefillBenchCase> kept;
   for (const auto& c : all) {
-    if (c.name.find(filter) != std::string::npos) kept.push_back(c);
+    if (matches_filter(c.name, filter)) kept.push_back(c);
   }
   return kept;
 }

@@ -46,7 +46,7 @@ struct Sm90DecodeSmem {
   uint8_t kv[C::kStages][C::kSlabs][C::kSlabBytes];
   float row_max[2][C::kRows];    // running max after tile A / after tile B
   float row_sum[2][C::kRows];
-  uint64_t full[C::kStages];
+  uint64_t full[C::kStages][C::kSlabs];  // per slab: S starts on the first slabs of a tile
   uint64_t empty[C::kStages];
   int stage_bad[C::kStages];
 };

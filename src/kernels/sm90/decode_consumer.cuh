@@ -74,9 +74,8 @@ class Sm90Consumer {
   // ---- one pair of tiles, per consumer --------------------------------------------------
 
   __device__ void pair_consumer0(int start_a, bool has_b, int key_end) {
-    bad_ |= acquire_stage(0, start_a, key_end);
     float s[32];
-    issue_scores(s, 0);
+    bad_ |= issue_scores(s, 0, start_a, key_end);
     dev::wgmma_wait<0>();  // S_A, and the previous pair's P_B V_B,0
     dev::fence_registers(s);
     float m_a[2], sum_a[2];
@@ -121,8 +120,7 @@ class Sm90Consumer {
     }
     const int start_b = start_a + C::kKeys;
     float s[32];
-    bad_ |= acquire_stage(1, start_b, key_end);
-    issue_scores(s, 1);  // queued behind S_A: the tensor cores work through softmax A
+    bad_ |= issue_scores(s, 1, start_b, key_end);  // queued behind S_A: the tensor cores work through softmax A
     float m_a[2];
     receive_tile_a(m_a);
     // O is rescaled outside any wgmma group in flight (ptxas serialises the pipeline
@@ -187,25 +185,23 @@ class Sm90Consumer {
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
   }
 
-  // Waits for this consumer's tile; cache rows past the segment (stale, or NaN past the
-  // sequence end) are zeroed in the V slabs so 0-weight P entries cannot meet NaN in P·V
-  // (the other consumer reads them only after this consumer's P hand-off). Returns the
-  // tile's bad flag.
-  __device__ bool acquire_stage(int stage, int tile_start, int key_end) {
-    dev::mbarrier_wait(&sm_.full[stage], phase_);
-    phase_ ^= 1;
+  // Starts on this consumer's tile: a tile that extends past the segment is waited for whole
+  // and its cache rows past the segment (stale, or NaN past the sequence end) are zeroed in
+  // the V slabs, so 0-weight P entries cannot meet NaN in P·V (the other consumer reads them
+  // only after this consumer's P hand-off). Full tiles are waited for slab by slab in
+  // issue_scores.
+  __device__ void prepare_tile(int stage, int tile_start, int key_end) {
     const int valid_rows = min(C::kKeys, key_end - tile_start);
-    if (valid_rows < C::kKeys) {
-      const int tid = t_ % 128;
-      const int chunks = (C::kKeys - valid_rows) * C::kNopeSlabs * 8;
-      for (int c = tid; c < chunks; c += 128) {
-        const int r = valid_rows + c / (C::kNopeSlabs * 8), k = c % (C::kNopeSlabs * 8);
-        *reinterpret_cast<uint4*>(&sm_.kv[stage][k / 8][r * 128 + (k % 8) * 16]) = make_uint4(0, 0, 0, 0);
-      }
-      dev::fence_proxy_async_smem();
-      dev::named_barrier_sync(C::kBarZeroed + w_, 128);
+    if (valid_rows == C::kKeys) return;
+    for (int slab = 0; slab < C::kSlabs; ++slab) dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
+    const int tid = t_ % 128;
+    const int chunks = (C::kKeys - valid_rows) * C::kNopeSlabs * 8;
+    for (int c = tid; c < chunks; c += 128) {
+      const int r = valid_rows + c / (C::kNopeSlabs * 8), k = c % (C::kNopeSlabs * 8);
+      *reinterpret_cast<uint4*>(&sm_.kv[stage][k / 8][r * 128 + (k % 8) * 16]) = make_uint4(0, 0, 0, 0);
     }
-    return sm_.stage_bad[stage] != 0;
+    dev::fence_proxy_async_smem();
+    dev::named_barrier_sync(C::kBarZeroed + w_, 128);
   }
 
   __device__ void release(int stage) {
@@ -213,17 +209,26 @@ class Sm90Consumer {
   }
 
   // Issues S = Q K^T of a stage's tile (64 x 64 over d_qk, K-major A and B, 128B swizzle,
-  // SBO 1024) as one committed group.
-  __device__ void issue_scores(float (&s)[32], int stage) {
+  // SBO 1024) as one committed group, each slab's 4 k-steps as soon as that slab has landed
+  // (S overlaps the tile's own load). Returns the tile's bad flag.
+  __device__ bool issue_scores(float (&s)[32], int stage, int tile_start, int key_end) {
+    prepare_tile(stage, tile_start, key_end);
     const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[0][0]), 16, 1024));
     const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage][0][0]), 16, 1024));
     dev::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < C::kQkSteps; ++kk) {
-      const uint32_t offset = (kk / 4) * C::kSlabBytes + (kk % 4) * 32;
-      Mma64::template ss<0>(s, dev::advance_desc(q_desc, offset), dev::advance_desc(k_desc, offset), kk > 0);
+    for (int slab = 0; slab < C::kSlabs; ++slab) {
+      dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int kk = 4 * slab + k;
+        const uint32_t offset = slab * C::kSlabBytes + k * 32;
+        Mma64::template ss<0>(s, dev::advance_desc(q_desc, offset), dev::advance_desc(k_desc, offset), kk > 0);
+      }
     }
     dev::wgmma_commit();
+    phase_ ^= 1;
+    return sm_.stage_bad[stage] != 0;
   }
 
   // V of a stage, this consumer's 256 columns, N-major: LBO = one slab, SBO = 8 keys.
@@ -385,7 +390,7 @@ class Sm90Consumer {
   const MlaDecodeParams& p_;
   Sm90DecodeSmem& sm_;
   const int w_, t_, lane_, r0_, hk_, tile_;
-  uint32_t phase_ = 0;  // parity of this consumer's next wait on full[w]
+  uint32_t phase_ = 0;  // parity of this consumer's next wait on full[w][*]
   int lim_[2] = {0, 0};
   float m_[2], l_[2];
   bool bad_ = false;

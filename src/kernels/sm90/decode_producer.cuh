@@ -16,7 +16,7 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
   const int lane = threadIdx.x % 32;
   const int hk = blockIdx.y, tile = blockIdx.x;
   const int boxes = C::kKeys / box_rows;
-  const uint32_t box_bytes = static_cast<uint32_t>(box_rows) * 128 * C::kSlabs;
+  const uint32_t box_bytes = static_cast<uint32_t>(box_rows) * 128;  // one box of one slab
   if (lane == 0) dev::tma_prefetch_descriptor(&kv_map);
   uint32_t phases = 0;  // bit s: parity of stage s's current lap (a bit mask: no local memory)
   for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int) {
@@ -38,19 +38,23 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
       const bool any_bad = __any_sync(0xffffffffu, bad);
       dev::mbarrier_wait(&sm.empty[stage], ((phases >> stage) & 1u) ^ 1u);
       // Each lane issues its own box (16-row pages: 4 lanes at once).
+      // Slab-major, each slab on its own barrier: the consumer starts S on slab 0 while the
+      // later slabs are still in flight.
       if (valid) {
         const int row_in_page = key0 % p.page_size;
-        dev::mbarrier_expect_tx(&sm.full[stage], box_bytes);
 #pragma unroll
         for (int s = 0; s < C::kSlabs; ++s) {
-          dev::tma_load_4d(&sm.kv[stage][s][lane * box_rows * 128], &kv_map, &sm.full[stage], s * C::kSlabCols, hk,
-                           row_in_page, block);
+          dev::mbarrier_expect_tx(&sm.full[stage][s], box_bytes);
+          dev::tma_load_4d(&sm.kv[stage][s][lane * box_rows * 128], &kv_map, &sm.full[stage][s], s * C::kSlabCols,
+                           hk, row_in_page, block);
         }
       }
       __syncwarp();  // every expect_tx before the arrive that can complete the phase
       if (lane == 0) {
         sm.stage_bad[stage] = any_bad ? 1 : 0;
-        dev::mbarrier_arrive(&sm.full[stage]);  // release: the flag is visible to the waiters
+        // release: the flag is visible to the waiters of any slab
+#pragma unroll
+        for (int s = 0; s < C::kSlabs; ++s) dev::mbarrier_arrive(&sm.full[stage][s]);
       }
       phases ^= 1u << stage;
     }

@@ -10,9 +10,9 @@
 //   WG1, WG2     consumers 0 and 1 (decode_consumer.cuh): seesaw over pairs of tiles, each
 //                computing S of its own tile and P·V of both tiles for its half of the
 //                output columns; setmaxnreg.inc.
-// Barrier protocol: full[s] (count 1: producer arrive + TMA bytes via expect_tx per box),
+// Barrier protocol: full[s][slab] (count 1: producer arrive + TMA bytes via expect_tx per box),
 // empty[s] (count 2: one thread per consumer after its last wgmma reading stage s). The
-// consumer of stage s waits full[s] with parity starting at 0, the producer waits empty[s]
+// consumer of stage s waits full[s][*] with parity starting at 0, the producer waits empty[s]
 // with parity starting at 1 (first lap passes). Shared-memory map: decode_config.cuh.
 #pragma once
 
@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   auto& sm = *reinterpret_cast<Sm90DecodeSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
-      dev::mbarrier_init(&sm.full[s], 1);
+      for (int slab = 0; slab < C::kSlabs; ++slab) dev::mbarrier_init(&sm.full[s][slab], 1);
       dev::mbarrier_init(&sm.empty[s], 2);
     }
     dev::fence_mbarrier_init();
