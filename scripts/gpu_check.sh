@@ -56,6 +56,7 @@ if [ "$run_tests" = 1 ]; then
   if [ -n "$python_options" ]; then
     PYTHONPATH="$PWD/$build/python" timeout 300 python3 -m pytest -q -rs tests/python >"$OUT/python_tests.log" 2>&1
     note "python tests: rc=$? $(tail -1 "$OUT/python_tests.log")"
+    grep -E "^(FAILED|ERROR) |^E  " "$OUT/python_tests.log" | head -12 | tee -a "$summary"
   fi
   timeout 120 "$build/apps/mlakit-run" >"$OUT/main_job.log" 2>&1
   note "main job: rc=$?"; tail -6 "$OUT/main_job.log" | tee -a "$summary"
@@ -64,7 +65,7 @@ fi
 if [ "$run_bench" = 1 ]; then
   timeout 240 "$build/bench/mlakit-bench" --out bench/results "${bench_args[@]}" >"$OUT/bench.log" 2>&1
   note "bench: rc=$?"
-  cp bench/results/*.jsonl "$OUT/" 2>/dev/null
+  find bench/results -name '*.jsonl' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/" \;  # this GPU's file
   tail -25 "$OUT/bench.log" | tee -a "$summary"
 fi
 note "total: $(( $(date +%s) - start )) s"

@@ -23,6 +23,9 @@ def mla_decode_plan(cache_seqlens: Any, s_q: int, h_q: int, h_kv: int = 1, kerne
     'portable' or 'sm90'. Returns ``(workspace, plan)``, the workspace allocated by
     ``cache_seqlens``' framework: pass it to every layer's :func:`mla_decode` of the step.
     """
+    if arrays.on_host(cache_seqlens):
+        # The plan runs on the GPU; say so before the framework is asked for a device stream.
+        raise ValueError("mla_decode_plan: cache_seqlens: expected a device array, got host memory")
     b = int(cache_seqlens.shape[0])
     with arrays.device_scope(cache_seqlens):
         workspace = arrays.empty(cache_seqlens, (_C.mla_decode_workspace_size(b, s_q, h_q, h_kv, kernel),), "uint8")
