@@ -32,7 +32,8 @@ __device__ void block_exclusive_scan(int64_t b, F f, T* out) {
 __global__ void __launch_bounds__(kPlanThreads)
     decode_plan_kernel(SeqLengths len, int64_t b, ScheduleConfig c,
                        int64_t* cost_prefix, int32_t* split_prefix, int32_t* partial_prefix,
-                       PartRange* parts) {
+                       PartRange* parts, int32_t* counters, int64_t num_counters) {
+  for (int64_t i = threadIdx.x; i < num_counters; i += kPlanThreads) counters[i] = 0;
   block_exclusive_scan<int64_t>(b, [&](int64_t i) { return sequence_cost(len(i), c); },
                                 cost_prefix);
   const int64_t psize = part_size(cost_prefix[b], c);
@@ -51,9 +52,10 @@ __global__ void __launch_bounds__(kPlanThreads)
 
 cudaError_t launch_decode_plan(const SeqLengths& lengths, int64_t b, const ScheduleConfig& config,
                                int64_t* cost_prefix, int32_t* split_prefix,
-                               int32_t* partial_prefix, PartRange* parts, cudaStream_t stream) {
-  decode_plan_kernel<<<1, kPlanThreads, 0, stream>>>(lengths, b, config, cost_prefix,
-                                                     split_prefix, partial_prefix, parts);
+                               int32_t* partial_prefix, PartRange* parts, int32_t* counters,
+                               int64_t num_counters, cudaStream_t stream) {
+  decode_plan_kernel<<<1, kPlanThreads, 0, stream>>>(lengths, b, config, cost_prefix, split_prefix,
+                                                     partial_prefix, parts, counters, num_counters);
   return cudaGetLastError();
 }
 
