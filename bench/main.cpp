@@ -323,8 +323,7 @@ int run(const Options& opt) {
   std::printf(
       "\ntime_us: mla_decode (attention + combine), paid by every layer; plan_us: "
       "mla_decode_plan, made once per step and reused by every layer, so timed apart;\n"
-      "comb_us: the combine kernel alone (part of time_us); 0 for the Hopper kernel, which merges split\n"
-      "sequences itself.\n");
+      "comb_us: the combine kernel alone (part of time_us).\n");
   std::printf(
       "FlashMLA(H100) us: fixed H100 figures from PERF.md, not measured in this run; speedup = "
       "FlashMLA time / this time, meaningful only on an H100.\n"

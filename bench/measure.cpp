@@ -130,14 +130,10 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
   });
   const auto decode_us = support::time_rounds(s.stream, s.warmup, s.runs, flush,
                                      [&] { BENCH_STATUS(mla_decode(args, plan, s.stream)); });
-  // The combine kernel alone (part of decode_us), for the plan + combine share of a step. The
-  // Hopper kernel merges split sequences itself (no combine kernel): reported as 0.
-  std::vector<double> combine_us{0.0};
-  if (plan.kernel != MlaDecodeKernel::kSm90) {
-    combine_us = support::time_rounds(s.stream, s.warmup, s.runs, flush, [&] {
-      BENCH_STATUS(detail::dispatch_mla_decode_combine(args, plan, s.stream));
-    });
-  }
+  // The combine kernel alone (part of decode_us), for the plan + combine share of a step.
+  const auto combine_us = support::time_rounds(s.stream, s.warmup, s.runs, flush, [&] {
+    BENCH_STATUS(detail::dispatch_mla_decode_combine(args, plan, s.stream));
+  });
   // The combine rewrote the outputs from the last decode's partials: still a valid result.
 
   // Cheap sanity check (accuracy is tested elsewhere): every length is >= s_q >= 1, so every

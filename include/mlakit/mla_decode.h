@@ -65,9 +65,7 @@ struct MlaDecodePlan {
   std::size_t cost_prefix_offset = 0;    // int64 [b + 1]: planner scratch
   std::size_t partial_out_offset = 0;    // float [partial_slots, h_kv, rows, d_v]
   std::size_t partial_lse_offset = 0;    // float [partial_slots, h_kv, rows] (log2 domain)
-  std::size_t merge_counters_offset = 0; // int32 [b, h_kv, row tiles]: finished splits (Hopper merge)
   int64_t partial_slots = 0;             // capacity of the partial regions, in splits
-  int64_t merge_counters = 0;            // entries of the merge-counter region
 };
 
 struct MlaDecodeArgs {

@@ -39,8 +39,7 @@ Status dispatch_sparse_decode_plan(const MlaDecodePlan& plan, const SeqLengths& 
                          region<int64_t>(plan, plan.cost_prefix_offset),
                          region<int32_t>(plan, plan.split_prefix_offset),
                          region<int32_t>(plan, plan.partial_prefix_offset),
-                         region<PartRange>(plan, plan.part_ranges_offset),
-                         region<int32_t>(plan, plan.merge_counters_offset), plan.merge_counters, stream));
+                         region<PartRange>(plan, plan.part_ranges_offset), stream));
 }
 
 // Kernel parameters of validated arguments and their plan.
@@ -59,7 +58,6 @@ static MlaDecodeParams make_decode_params(const MlaDecodeArgs& a, const MlaDecod
       .partial_prefix = region<const int32_t>(plan, plan.partial_prefix_offset),
       .partial_out = region<float>(plan, plan.partial_out_offset),
       .partial_lse = region<float>(plan, plan.partial_lse_offset),
-      .merge_counters = region<int32_t>(plan, plan.merge_counters_offset),
       .q_stride_b = a.q.stride[0],
       .q_stride_s = a.q.stride[1],
       .q_stride_h = a.q.stride[2],
@@ -132,7 +130,6 @@ Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodeP
       .partial_prefix = region<const int32_t>(plan, plan.partial_prefix_offset),
       .partial_out = region<float>(plan, plan.partial_out_offset),
       .partial_lse = region<float>(plan, plan.partial_lse_offset),
-      .merge_counters = region<int32_t>(plan, plan.merge_counters_offset),
       .q_stride_b = a.q.stride[0],
       .q_stride_s = a.q.stride[1],
       .q_stride_h = a.q.stride[2],

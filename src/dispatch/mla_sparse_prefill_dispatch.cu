@@ -28,7 +28,6 @@ Status dispatch_mla_sparse_prefill(const MlaSparsePrefillArgs& a, const SparsePr
       .partial_prefix = nullptr,
       .partial_out = nullptr,
       .partial_lse = nullptr,
-      .merge_counters = nullptr,
       .q_stride_b = a.q.stride[0],
       .q_stride_s = 0,
       .q_stride_h = a.q.stride[1],

@@ -133,10 +133,6 @@ Status make_decode_layout(const MlaDecodeProblem& p, const DeviceInfo& device,
   out.cost_prefix_offset = region(sizeof(int64_t) * b1);
   out.partial_out_offset = region(sizeof(float) * slots_rows * p.d_v);
   out.partial_lse_offset = region(sizeof(float) * slots_rows);
-  // Zeroed by the planner; the Hopper kernel's last CTA of a split sequence merges it and
-  // puts its counter back to 0, so every layer of the step starts from zero.
-  out.merge_counters = p.b * p.h_kv * decode_row_tiles(p, traits);
-  out.merge_counters_offset = region(sizeof(int32_t) * static_cast<std::size_t>(out.merge_counters));
   out.workspace_bytes = offset;
   *plan = out;
   return Status::ok();

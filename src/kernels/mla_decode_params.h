@@ -27,7 +27,6 @@ struct MlaDecodeParams {
   const int32_t* partial_prefix; // [b + 1]
   float* partial_out;            // [partial_slots, h_kv, rows, d_v]
   float* partial_lse;            // [partial_slots, h_kv, rows], log2 domain, -inf = empty
-  int32_t* merge_counters;       // [b, h_kv, row tiles] or null: see MlaDecodePlan
 
   int64_t q_stride_b, q_stride_s, q_stride_h;
   int64_t kv_stride_block, kv_stride_page, kv_stride_h;

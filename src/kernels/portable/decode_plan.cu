@@ -32,8 +32,7 @@ __device__ void block_exclusive_scan(int64_t b, F f, T* out) {
 __global__ void __launch_bounds__(kPlanThreads)
     decode_plan_kernel(SeqLengths len, int64_t b, ScheduleConfig c,
                        int64_t* cost_prefix, int32_t* split_prefix, int32_t* partial_prefix,
-                       PartRange* parts, int32_t* counters, int64_t num_counters) {
-  for (int64_t i = threadIdx.x; i < num_counters; i += kPlanThreads) counters[i] = 0;
+                       PartRange* parts) {
   block_exclusive_scan<int64_t>(b, [&](int64_t i) { return sequence_cost(len(i), c); },
                                 cost_prefix);
   const int64_t psize = part_size(cost_prefix[b], c);
@@ -52,10 +51,9 @@ __global__ void __launch_bounds__(kPlanThreads)
 
 cudaError_t launch_decode_plan(const SeqLengths& lengths, int64_t b, const ScheduleConfig& config,
                                int64_t* cost_prefix, int32_t* split_prefix,
-                               int32_t* partial_prefix, PartRange* parts, int32_t* counters,
-                               int64_t num_counters, cudaStream_t stream) {
-  decode_plan_kernel<<<1, kPlanThreads, 0, stream>>>(lengths, b, config, cost_prefix, split_prefix,
-                                                     partial_prefix, parts, counters, num_counters);
+                               int32_t* partial_prefix, PartRange* parts, cudaStream_t stream) {
+  decode_plan_kernel<<<1, kPlanThreads, 0, stream>>>(lengths, b, config, cost_prefix,
+                                                     split_prefix, partial_prefix, parts);
   return cudaGetLastError();
 }
 

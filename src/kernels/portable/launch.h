@@ -11,12 +11,10 @@
 
 namespace mlakit::detail {
 
-// Device planner: one CTA evaluates common/decode_schedule.h for every sequence and part,
-// and zeroes the `counters` merge counters.
+// Device planner: one CTA evaluates common/decode_schedule.h for every sequence and part.
 cudaError_t launch_decode_plan(const SeqLengths& lengths, int64_t b, const ScheduleConfig& config,
                                int64_t* cost_prefix, int32_t* split_prefix,
-                               int32_t* partial_prefix, PartRange* parts, int32_t* counters,
-                               int64_t num_counters, cudaStream_t stream);
+                               int32_t* partial_prefix, PartRange* parts, cudaStream_t stream);
 
 // Attention (grid: 32-row tiles x h_kv x num_parts) then combine. Elem: __nv_bfloat16 or
 // __half. Runs with a plan of any kernel family (the schedule does not depend on the tiling).

@@ -49,7 +49,6 @@ struct Sm90DecodeSmem {
   uint64_t full[C::kStages][C::kSlabs];  // per slab: S starts on the first slabs of a tile
   uint64_t empty[C::kStages];
   int stage_bad[C::kStages];
-  int merge_last;  // this CTA finished the last split of its sequence: it merges the splits
 };
 inline constexpr int kSm90SmemBytes = sizeof(Sm90DecodeSmem) + 1024;  // + alignment slack
 static_assert(kSm90SmemBytes <= 232448, "fits the 227 KB opt-in shared memory of sm90");

@@ -30,7 +30,6 @@
 #include "device/numeric.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
-#include "kernels/combine_row.cuh"
 #include "kernels/sm90/decode_config.cuh"
 
 namespace mlakit::detail::sm90 {
@@ -69,24 +68,6 @@ class Sm90Consumer {
       }
     }
     store(seq, split);
-  }
-
-  // Sequences of length 0 have no segment: the CTAs of part z write the rows of their tile
-  // (0, lse +inf) for the empty sequences z, z + num_parts, ...
-  __device__ void write_empty_sequences() {
-    for (int64_t seq = blockIdx.z; seq < p_.b; seq += gridDim.z) {
-      if (p_.lengths(seq) > 0) continue;
-      constexpr int kChunks = C::kDv / 8;  // 16-byte stores per row
-      for (int c = t_; c < C::kRows * kChunks; c += C::kConsumerThreads) {
-        const int row = tile_ * C::kRows + c / kChunks;
-        if (row >= p_.rows) continue;
-        const RowCoord rc = row_coord(p_, hk_, row);
-        Elem* out = static_cast<Elem*>(p_.out) + seq * p_.out_stride_b + rc.t * p_.out_stride_s +
-                    rc.head * p_.out_stride_h;
-        *reinterpret_cast<uint4*>(out + (c % kChunks) * 8) = make_uint4(0, 0, 0, 0);
-        if (c % kChunks == 0) p_.lse[seq * p_.lse_stride_b + rc.head * p_.lse_stride_h + rc.t * p_.lse_stride_s] = INFINITY;
-      }
-    }
   }
 
  private:
@@ -349,27 +330,6 @@ class Sm90Consumer {
     }
   }
 
-  // Split sequences are merged by the CTA (per row tile and kv head) that finishes the last
-  // of their splits, right after writing its own partial: a counter per (sequence, kv head,
-  // row tile), zeroed by the planner and put back to 0 by the merging CTA. This replaces the
-  // combine kernel (its launch and a second pass over the partials while they are in L2).
-  __device__ void merge_if_last(int seq) {
-    const int splits = p_.split_prefix[seq + 1] - p_.split_prefix[seq];
-    int32_t* counter = &p_.merge_counters[(static_cast<int64_t>(seq) * p_.h_kv + hk_) * gridDim.x + tile_];
-    __threadfence();  // this thread's partial is visible device-wide before the count
-    dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
-    if (t_ == 0) sm_.merge_last = atomicAdd(counter, 1) == splits - 1;
-    dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
-    if (!sm_.merge_last) return;
-    __threadfence();  // the other CTAs' partials, counted before our increment
-    const int warp = t_ / 32;
-    for (int r = warp; r < C::kRows; r += C::kConsumerThreads / 32) {
-      const int row = tile_ * C::kRows + r;
-      if (row < p_.rows) combine_row<Elem>(p_, seq, hk_, row, splits, p_.partial_prefix[seq], lane_);
-    }
-    if (t_ == 0) *counter = 0;  // the next layer of the step starts from zero
-  }
-
   // Adds a tile's row sums, relative to the current running max.
   __device__ void add_sums(const float (&sum)[2]) {
     l_[0] += sum[0];
@@ -423,7 +383,6 @@ class Sm90Consumer {
         }
       }
     }
-    if (!direct) merge_if_last(seq);
     // row_sum and the Q tile are rewritten by the next segment.
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
   }

@@ -21,7 +21,7 @@ int sm90_box_rows(int64_t page_size);
 // swizzle. False (with the driver's reason) when the driver rejects it.
 bool make_kv_tensor_map(const TensorRef& kv_cache, int box_rows, CUtensorMap* map, std::string* why);
 
-// Attention (grid: 64-row tiles x h_kv x num_parts); split sequences are merged in the kernel.
+// Attention (grid: 64-row tiles x h_kv x num_parts) then the portable combine.
 template <typename Elem>
 cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
                                    cudaStream_t stream);

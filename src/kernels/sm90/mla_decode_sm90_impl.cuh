@@ -1,6 +1,7 @@
 // Launcher body shared by the per-dtype instantiation files of the Hopper decode.
 #pragma once
 
+#include "kernels/portable/launch.h"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/mla_decode_sm90_kernel.cuh"
 
@@ -17,7 +18,9 @@ cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensor
   const int row_tiles = (params.rows + C::kRows - 1) / C::kRows;
   dim3 grid(row_tiles, params.h_kv, params.num_parts);
   kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, kv_map, box_rows);
-  return cudaGetLastError();  // split sequences are merged inside the kernel: no combine launch
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch_mla_decode_combine<Elem>(params, stream);
 }
 
 }  // namespace mlakit::detail

@@ -52,7 +52,6 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int split) {
       consumer.run_segment(seq, L, key_begin, key_end, split);
     });
-    consumer.write_empty_sequences();
   }
 #endif
 }
