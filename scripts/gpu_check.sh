@@ -39,6 +39,12 @@ if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKIT_ENABL
 fi
 note "build: ok ($(( $(date +%s) - start )) s)"
 
+# ptxas on the Hopper kernel: wgmma serialisation (C7514-C7520 "Potential Performance Loss")
+# and spills silently cost 20-30%; report them.
+nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -I include -I src -c \
+  src/kernels/sm90/mla_decode_sm90_bf16.cu -o /dev/null 2>&1 | grep -E "Performance Loss|[1-9][0-9]* bytes spill" |
+  cut -c1-160 | sed 's/^/ptxas warning: /' | tee -a "$summary"
+
 # SASS: the matrix instructions present, and no local-memory traffic in the kernels.
 cuobjdump --dump-sass "$build/libmlakit.so" >"$OUT/sass.txt" 2>&1
 awk '/Function :/{f=$3} /HGMMA/{g[f]++} /HMMA/{h[f]++} /LDL|STL/{l[f]++}
