@@ -49,7 +49,7 @@ class Sm90Consumer {
         r0_(16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4), hk_(blockIdx.y), tile_(blockIdx.x) {}
 
   // One segment; `next_seq` is the sequence of the CTA's next segment (-1: none), whose Q
-  // consumer 1 loads while the outputs of this one are written.
+  // consumer 1 loads as soon as this segment's last S is done.
   __device__ void run_segment(const Segment& segment, int next_seq) {
     const int seq = segment.seq, L = segment.L, key_begin = segment.key_begin, key_end = segment.key_end;
     if (!q_prefetched_) issue_q(seq, t_, C::kConsumerThreads);
@@ -68,14 +68,10 @@ class Sm90Consumer {
       if (w_ == 0) {
         pair_consumer0(start_a, has_b, key_end);
       } else {
-        pair_consumer1(start_a, has_b, key_end);
+        pair_consumer1(start_a, has_b, key_end, i + 2 >= tiles ? next_seq : -1);
       }
     }
-    // Every S of the segment is done: consumer 1 starts the next segment's Q while both
-    // consumers write their outputs. (Issued inside the last pair instead, this branch made
-    // ptxas serialise the wgmma pipeline: C7520.)
-    q_prefetched_ = next_seq >= 0;
-    if (q_prefetched_ && w_ == 1) issue_q(next_seq, t_ - 128, 128);
+    q_prefetched_ = tiles > 0 && next_seq >= 0;  // the same decision in both consumers
     store(seq, segment.split);
   }
 
@@ -116,12 +112,15 @@ class Sm90Consumer {
     if (has_b) release(1);
   }
 
-  __device__ void pair_consumer1(int start_a, bool has_b, int key_end) {
+  // prefetch_seq >= 0 on the segment's last pair: that sequence's Q is loaded once the last
+  // S of the segment (S_A, or S_B) is done, overlapping the last P·V and the store.
+  __device__ void pair_consumer1(int start_a, bool has_b, int key_end, int prefetch_seq) {
     if (!has_b) {  // lone tile A: only its P·V for this consumer's columns
       float m_a[2];
       receive_tile_a(m_a);
       rescale(m_a);
       issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
+      if (prefetch_seq >= 0) issue_q(prefetch_seq, t_ - 128, 128);  // S_A is done
       dev::wgmma_wait<0>();
       dev::fence_registers(o_);
       release(0);
@@ -149,6 +148,7 @@ class Sm90Consumer {
     uint32_t frag[C::kPvSteps][4];
     pack_p(s, frag);
     issue_values_rs(frag, 1);
+    if (prefetch_seq >= 0) issue_q(prefetch_seq, t_ - 128, 128);  // S_A and S_B are done
     dev::wgmma_wait<0>();
     dev::fence_registers(o_);
     dev::fence_registers(frag);
