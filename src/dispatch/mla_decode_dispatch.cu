@@ -168,8 +168,8 @@ Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodeP
 Status dispatch_mla_decode_combine(const MlaDecodeArgs& a, const MlaDecodePlan& plan, cudaStream_t stream) {
   const MlaDecodeParams params = make_decode_params(a, plan, 1.0f);
   return cuda_status("mla_decode_combine", a.q.dtype == DType::kBF16
-                                               ? launch_mla_decode_combine<__nv_bfloat16>(params, stream, false)
-                                               : launch_mla_decode_combine<__half>(params, stream, false));
+                                               ? launch_mla_decode_combine<__nv_bfloat16>(params, stream)
+                                               : launch_mla_decode_combine<__half>(params, stream));
 }
 
 }  // namespace mlakit::detail

@@ -28,9 +28,7 @@ template <typename Elem>
 cudaError_t launch_mla_portable_whole_sequence(const MlaDecodeParams& params, cudaStream_t stream);
 
 // Merges the partial results of split sequences and writes empty sequences (0, +inf).
-// `dependent`: launched as a programmatic dependent (PDL) of the kernel before it on the
-// stream, which must be the Hopper attention kernel (it triggers its dependents early).
 template <typename Elem>
-cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream, bool dependent);
+cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream);
 
 }  // namespace mlakit::detail

@@ -40,12 +40,6 @@ __global__ void __launch_bounds__(CombineConfig::kThreads)
     mla_decode_combine_kernel(const __grid_constant__ MlaDecodeParams p) {
   using C = CombineConfig;
   using Ops = device::ElemOps<Elem>;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the Hopper attention kernel: resident as soon as
-  // SMs free up, it waits here until the attention grid has finished and its writes are
-  // visible (a plain stream-ordered launch returns at once).
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   const int seq = blockIdx.x, hk = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int splits = p.split_prefix[seq + 1] - p.split_prefix[seq];
@@ -77,32 +71,19 @@ __global__ void __launch_bounds__(CombineConfig::kThreads)
     float acc[C::kValuesPerLane] = {};
     const bool empty = max_lse == -INFINITY;  // also true for splits == 0
     if (!empty && !has_nan) {
-      // Splits two at a time, all eight loads issued before the FMAs: the merge is latency-
-      // bound (most split sequences have two splits: one round trip instead of two).
-      auto partial = [&](int s) {
-        return p.partial_out + ((static_cast<int64_t>(slot0 + s) * p.h_kv + hk) * p.rows + row) * C::kDv;
-      };
-      for (int s = 0; s < splits; s += 2) {
-        const bool second = s + 1 < splits;
-        float4 x[2][C::kValuesPerLane / 4];
+      for (int s = 0; s < splits; ++s) {
+        float v = lse_of(s);
+        if (!isfinite(v)) continue;
+        const float w = exp2f(v - max_lse) / sum;
+        const float* src =
+            p.partial_out + ((static_cast<int64_t>(slot0 + s) * p.h_kv + hk) * p.rows + row) * C::kDv;
 #pragma unroll
         for (int i = 0; i < C::kValuesPerLane / 4; ++i) {
-          x[0][i] = *reinterpret_cast<const float4*>(partial(s) + 128 * i + 4 * lane);
-          x[1][i] = second ? *reinterpret_cast<const float4*>(partial(s + 1) + 128 * i + 4 * lane)
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const float v = k == 0 || second ? lse_of(s + k) : -INFINITY;
-          if (!isfinite(v)) continue;  // an empty split: weight 0, its partial never used
-          const float w = exp2f(v - max_lse) / sum;
-#pragma unroll
-          for (int i = 0; i < C::kValuesPerLane / 4; ++i) {
-            acc[4 * i + 0] += w * x[k][i].x;
-            acc[4 * i + 1] += w * x[k][i].y;
-            acc[4 * i + 2] += w * x[k][i].z;
-            acc[4 * i + 3] += w * x[k][i].w;
-          }
+          float4 x = *reinterpret_cast<const float4*>(src + 128 * i + 4 * lane);
+          acc[4 * i + 0] += w * x.x;
+          acc[4 * i + 1] += w * x.y;
+          acc[4 * i + 2] += w * x.z;
+          acc[4 * i + 3] += w * x.w;
         }
       }
     }

@@ -20,7 +20,7 @@ cudaError_t launch_mla_decode_portable(const MlaDecodeParams& params, cudaStream
   kernel<<<grid, C::kThreads, kSmem, stream>>>(params);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  return launch_mla_decode_combine<Elem>(params, stream, /*dependent=*/false);
+  return launch_mla_decode_combine<Elem>(params, stream);
 }
 
 template <typename Elem>
@@ -37,19 +37,12 @@ cudaError_t launch_mla_portable_whole_sequence(const MlaDecodeParams& params, cu
 }
 
 template <typename Elem>
-cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream, bool dependent) {
+cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream) {
   using C = portable::CombineConfig;
   const int row_groups = min((params.rows + C::kWarps - 1) / C::kWarps, C::kMaxRowGroups);
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(params.b), params.h_kv, row_groups);
-  config.blockDim = dim3(C::kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = dependent ? 1 : 0;
-  return cudaLaunchKernelEx(&config, portable::mla_decode_combine_kernel<Elem>, params);
+  dim3 grid(static_cast<unsigned>(params.b), params.h_kv, row_groups);
+  portable::mla_decode_combine_kernel<Elem><<<grid, portable::CombineConfig::kThreads, 0, stream>>>(params);
+  return cudaGetLastError();
 }
 
 }  // namespace mlakit::detail

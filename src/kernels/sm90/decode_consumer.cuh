@@ -48,12 +48,8 @@ class Sm90Consumer {
       : p_(p), sm_(sm), w_(threadIdx.x / 128 - 1), t_(threadIdx.x - 128), lane_(threadIdx.x % 32),
         r0_(16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4), hk_(blockIdx.y), tile_(blockIdx.x) {}
 
-  // One segment; `next_seq` is the sequence of the CTA's next segment (-1: none), whose Q
-  // consumer 1 loads as soon as this segment's last S is done.
-  __device__ void run_segment(const Segment& segment, int next_seq) {
-    const int seq = segment.seq, L = segment.L, key_begin = segment.key_begin, key_end = segment.key_end;
-    if (!q_prefetched_) issue_q(seq, t_, C::kConsumerThreads);
-    wait_q();
+  __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split) {
+    load_q(seq);
     lim_[0] = row_limit(r0_, L, key_end);
     lim_[1] = row_limit(r0_ + 8, L, key_end);
 #pragma unroll
@@ -68,11 +64,10 @@ class Sm90Consumer {
       if (w_ == 0) {
         pair_consumer0(start_a, has_b, key_end);
       } else {
-        pair_consumer1(start_a, has_b, key_end, i + 2 >= tiles ? next_seq : -1);
+        pair_consumer1(start_a, has_b, key_end);
       }
     }
-    q_prefetched_ = tiles > 0 && next_seq >= 0;  // the same decision in both consumers
-    store(seq, segment.split);
+    store(seq, split);
   }
 
  private:
@@ -112,15 +107,12 @@ class Sm90Consumer {
     if (has_b) release(1);
   }
 
-  // prefetch_seq >= 0 on the segment's last pair: that sequence's Q is loaded once the last
-  // S of the segment (S_A, or S_B) is done, overlapping the last P·V and the store.
-  __device__ void pair_consumer1(int start_a, bool has_b, int key_end, int prefetch_seq) {
+  __device__ void pair_consumer1(int start_a, bool has_b, int key_end) {
     if (!has_b) {  // lone tile A: only its P·V for this consumer's columns
       float m_a[2];
       receive_tile_a(m_a);
       rescale(m_a);
       issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
-      if (prefetch_seq >= 0) issue_q(prefetch_seq, t_ - 128, 128);  // S_A is done
       dev::wgmma_wait<0>();
       dev::fence_registers(o_);
       release(0);
@@ -148,7 +140,6 @@ class Sm90Consumer {
     uint32_t frag[C::kPvSteps][4];
     pack_p(s, frag);
     issue_values_rs(frag, 1);
-    if (prefetch_seq >= 0) issue_q(prefetch_seq, t_ - 128, 128);  // S_A and S_B are done
     dev::wgmma_wait<0>();
     dev::fence_registers(o_);
     dev::fence_registers(frag);
@@ -172,14 +163,12 @@ class Sm90Consumer {
     return min(key_end, visible_keys(p_, L, row_coord(p_, hk_, row).t));
   }
 
-  // Issues the Q tile of `seq` into 9 swizzled slabs with 16-byte cp.async (all in flight at
-  // once), spread over `threads` threads of which this is number `index`; padding rows are
-  // zero. wait_q() completes it.
-  __device__ void issue_q(int seq, int index, int threads) {
+  // Q tile into 9 swizzled slabs with 16-byte cp.async (all in flight at once); padding rows
+  // are zero.
+  __device__ void load_q(int seq) {
     const Elem* q = static_cast<const Elem*>(p_.q);
     constexpr int kChunksPerRow = C::kDqk / 8;
-#pragma unroll 1  // rolled: it also runs inside a pair, where registers are tight
-    for (int c = index; c < C::kRows * kChunksPerRow; c += threads) {
+    for (int c = t_; c < C::kRows * kChunksPerRow; c += C::kConsumerThreads) {
       const int r = c / kChunksPerRow, k = c % kChunksPerRow;
       const int slab = k / 8, chunk = k % 8;
       const int row = tile_ * C::kRows + r;
@@ -191,10 +180,6 @@ class Sm90Consumer {
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
       }
     }
-  }
-
-  // Every consumer thread's Q copies landed, visible to wgmma.
-  __device__ void wait_q() {
     device::cp_async_wait_all();
     dev::fence_proxy_async_smem();
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
@@ -409,7 +394,6 @@ class Sm90Consumer {
   int lim_[2] = {0, 0};
   float m_[2], l_[2];
   bool bad_ = false;
-  bool q_prefetched_ = false;  // the current segment's Q was issued during the previous one
   float o_[128];
 };
 

@@ -43,22 +43,15 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     dev::fence_mbarrier_init();
   }
   __syncthreads();
-  // Lets the combine kernel (a programmatic dependent launch) be scheduled now: its CTAs take
-  // the SMs this grid frees and wait for its completion there (griddepcontrol.wait).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (threadIdx.x < 128) {
     dev::setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x < 32) produce(p, kv_map, box_rows, sm);
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
     Sm90Consumer<Elem> consumer(p, sm);
-    // One segment of look-ahead, for the Q prefetch.
-    SegmentCursor cursor(p, p.part_ranges[blockIdx.z]);
-    Segment segment, next;
-    for (bool more = cursor.next(&segment); more; segment = next) {
-      more = cursor.next(&next);
-      consumer.run_segment(segment, more ? next.seq : -1);
-    }
+    for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int split) {
+      consumer.run_segment(seq, L, key_begin, key_end, split);
+    });
   }
 #endif
 }
