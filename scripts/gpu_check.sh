@@ -41,9 +41,10 @@ note "build: ok ($(( $(date +%s) - start )) s)"
 
 # ptxas on the Hopper kernel: wgmma serialisation (C7514-C7520 "Potential Performance Loss")
 # and spills silently cost 20-30%; report them.
-nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -I include -I src -c \
-  src/kernels/sm90/mla_decode_sm90_bf16.cu -o /dev/null 2>&1 | grep -E "Performance Loss|[1-9][0-9]* bytes spill" |
-  cut -c1-160 | sed 's/^/ptxas warning: /' | tee -a "$summary"
+for unit in src/kernels/sm90/mla_decode_sm90_bf16.cu src/kernels/sm90/mla_sparse_prefill_sm90_bf16.cu; do
+  nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -I include -I src -c "$unit" -o /dev/null 2>&1 |
+    grep -E "Performance Loss|[1-9][0-9]* bytes spill" | cut -c1-160 | sed "s|^|ptxas warning ($unit): |" | tee -a "$summary"
+done
 
 # SASS: the matrix instructions present, and no local-memory traffic in the kernels.
 cuobjdump --dump-sass "$build/libmlakit.so" >"$OUT/sass.txt" 2>&1

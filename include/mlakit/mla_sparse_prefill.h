@@ -36,6 +36,9 @@ struct MlaSparsePrefillArgs {
   float sm_scale = kDefaultSoftmaxScale;  // logit scale before the log2(e) factor; default 1/sqrt(d_qk)
   int d_v = 512;
   LseBase lse_base = LseBase::kBase2;
+  // kAuto: the Hopper kernel on compute capability 9.0, the portable one elsewhere; kSm90 on
+  // another GPU is an UnsupportedArchitecture error.
+  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
 };
 
 // Validates every argument (InvalidArgument / Unsupported naming it), then launches on

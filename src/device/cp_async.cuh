@@ -15,6 +15,19 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
                "l"(gmem_src));
 }
 
+// 16 bytes when `copy`, else 16 zero bytes and no global read (src-size 0; `gmem_src` must
+// still be a valid address).
+__device__ __forceinline__ void cp_async_16_or_zero(void* smem_dst, const void* gmem_src, bool copy) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
+               "r"(copy ? 16 : 0));
+}
+
+// cp.async.mbarrier.arrive.noinc.shared::cta.b64: one arrival on `bar` once every cp.async
+// this thread issued so far has landed (the barrier's count includes these arrivals).
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+
 // cp.async.commit_group + cp.async.wait_group 0: every copy of this thread has landed.
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");

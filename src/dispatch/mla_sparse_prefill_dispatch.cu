@@ -5,6 +5,7 @@
 #include "common/decode_schedule.h"
 #include "dispatch/cuda_status.h"
 #include "kernels/portable/launch.h"
+#include "kernels/sm90/launch.h"
 
 namespace mlakit::detail {
 
@@ -13,7 +14,7 @@ namespace mlakit::detail {
 // (h_kv = 1, token coordinate always 0, so the _s strides are unused); kv is s_kv pages of
 // one row, so an index is a cache slot and [0, s_kv) its valid range.
 Status dispatch_mla_sparse_prefill(const MlaSparsePrefillArgs& a, const SparsePrefillShape& shape, float sm_scale,
-                                   cudaStream_t stream) {
+                                   MlaDecodeKernel kernel, cudaStream_t stream) {
   const MlaDecodeParams params{
       .q = a.q.data,
       .kv = a.kv.data,
@@ -67,7 +68,9 @@ Status dispatch_mla_sparse_prefill(const MlaSparsePrefillArgs& a, const SparsePr
       .max_logits_stride_h = a.max_logits.stride[1],
       .max_logits_stride_s = 0,
   };
-  return cuda_status("mla_sparse_prefill", launch_mla_portable_whole_sequence<__nv_bfloat16>(params, stream));
+  return cuda_status("mla_sparse_prefill", kernel == MlaDecodeKernel::kSm90
+                                               ? launch_mla_sparse_prefill_sm90<__nv_bfloat16>(params, stream)
+                                               : launch_mla_portable_whole_sequence<__nv_bfloat16>(params, stream));
 }
 
 }  // namespace mlakit::detail

@@ -1,5 +1,5 @@
-// Dispatch of the sparse MLA prefill: validated arguments -> the portable kernel's
-// whole-sequence mode with bf16 row gather. Plain C++ interface; implemented in CUDA.
+// Dispatch of the sparse MLA prefill: validated arguments -> the Hopper kernel with its
+// gathering producer, or the portable kernel's whole-sequence mode with bf16 row gather. Plain C++ interface; implemented in CUDA.
 #pragma once
 
 #include "host/mla_sparse_prefill_validate.h"
@@ -8,8 +8,8 @@
 namespace mlakit::detail {
 
 // Arguments already validated (validate_mla_sparse_prefill_args and _kernel_args), s_q >= 1;
-// `sm_scale` resolved (no NaN default left).
+// `sm_scale` resolved (no NaN default left); `kernel` resolved (kPortable or kSm90).
 Status dispatch_mla_sparse_prefill(const MlaSparsePrefillArgs& args, const SparsePrefillShape& shape, float sm_scale,
-                                   cudaStream_t stream);
+                                   MlaDecodeKernel kernel, cudaStream_t stream);
 
 }  // namespace mlakit::detail

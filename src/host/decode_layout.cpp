@@ -37,16 +37,16 @@ DecodeKernelTraits decode_kernel_traits(MlaDecodeKernel kernel) {
 }
 
 Status select_decode_kernel(const char* op, const DeviceInfo& device, MlaDecodeKernel request,
-                            DecodeKernelTraits* traits) {
+                            DecodeKernelTraits* traits, const char* field) {
   const bool hopper = device.cc_major == 9 && device.cc_minor == 0;
   if (request == MlaDecodeKernel::kSm90 && !hopper) {
     return Status(StatusCode::kUnsupportedArchitecture,
-                  std::string(op) + ": options.kernel: kSm90 expected a compute capability 9.0 device, got " +
+                  std::string(op) + ": " + field + ": kSm90 expected a compute capability 9.0 device, got " +
                       std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
   }
   if (request != MlaDecodeKernel::kAuto && request != MlaDecodeKernel::kPortable &&
       request != MlaDecodeKernel::kSm90) {
-    return invalid(op, "options.kernel: expected kAuto, kPortable or kSm90, got " +
+    return invalid(op, std::string(field) + ": expected kAuto, kPortable or kSm90, got " +
                            std::to_string(static_cast<int>(request)));
   }
   const bool sm90 = request == MlaDecodeKernel::kSm90 || (request == MlaDecodeKernel::kAuto && hopper);

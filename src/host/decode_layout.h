@@ -23,8 +23,9 @@ inline constexpr int kWorkspaceAlignment = 256;
 
 // The kernel family for a device and request: kSm90 on compute capability 9.0 (unless the
 // portable kernel is asked for), kPortable elsewhere. Asking for kSm90 elsewhere is an error.
+// `field` names the request in error messages.
 Status select_decode_kernel(const char* op, const DeviceInfo& device, MlaDecodeKernel request,
-                            DecodeKernelTraits* traits);
+                            DecodeKernelTraits* traits, const char* field = "options.kernel");
 DecodeKernelTraits decode_kernel_traits(MlaDecodeKernel kernel);
 
 // Query rows per kv head: s_q * h_q / h_kv.

@@ -30,10 +30,12 @@ Status mla_sparse_prefill(const MlaSparsePrefillArgs& args, cudaStream_t stream)
   for (const auto& [name, ptr] : pointers) {
     if (ptr != nullptr) MLAKIT_RETURN_IF_ERROR(detail::check_device_pointer(kOp, name, ptr, dev.ordinal));
   }
+  detail::DecodeKernelTraits traits;
+  MLAKIT_RETURN_IF_ERROR(detail::select_decode_kernel(kOp, dev, args.kernel, &traits, "kernel"));
   if (shape.s_q == 0) return Status::ok();  // nothing to compute (and no empty grid to launch)
 #if MLAKIT_WITH_CUDA
   return detail::dispatch_mla_sparse_prefill(args, shape, detail::resolve_softmax_scale(args.sm_scale, shape.d_qk),
-                                             stream);
+                                             traits.kernel, stream);
 #else
   (void)stream;
   return Status(StatusCode::kNoDevice, std::string(kOp) + ": mlakit was built without CUDA");

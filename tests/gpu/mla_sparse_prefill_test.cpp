@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -67,11 +68,14 @@ std::vector<PrefillCase> prefill_cases() {
   };
 }
 
-class MlaSparsePrefillSweep : public ::testing::TestWithParam<PrefillCase> {};
+// Every case on both kernels (the Hopper one only on compute capability 9.0).
+class MlaSparsePrefillSweep : public ::testing::TestWithParam<std::tuple<PrefillCase, MlaDecodeKernel>> {};
 
 TEST_P(MlaSparsePrefillSweep, MatchesReference) {
   MLAKIT_SKIP_WITHOUT_GPU();
-  const support::HostSparsePrefillCase c = support::make_sparse_prefill_case(GetParam().spec);
+  const MlaDecodeKernel kernel = std::get<1>(GetParam());
+  if (kernel == MlaDecodeKernel::kSm90 && !is_hopper()) GTEST_SKIP() << "needs a compute capability 9.0 GPU";
+  const support::HostSparsePrefillCase c = support::make_sparse_prefill_case(std::get<0>(GetParam()).spec);
   const support::SparsePrefillSpec& s = c.spec;
   const support::SparsePrefillReference ref = support::run_sparse_prefill_reference(c);
 
@@ -83,8 +87,9 @@ TEST_P(MlaSparsePrefillSweep, MatchesReference) {
   out.fill16(kPoisonBf16);
   max_logits.fill32(kPoisonF32);
   lse.fill32(kPoisonF32);
-  const MlaSparsePrefillArgs args = c.args(q.get(), kv.get(), indices.get(), topk_length.get(), sink.get(), out.get(),
-                                           max_logits.get(), lse.get());
+  MlaSparsePrefillArgs args = c.args(q.get(), kv.get(), indices.get(), topk_length.get(), sink.get(), out.get(),
+                                     max_logits.get(), lse.get());
+  args.kernel = kernel;
   const Status st = mla_sparse_prefill(args, nullptr);
   ASSERT_TRUE(st) << st.to_string();
   MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -131,8 +136,13 @@ TEST_P(MlaSparsePrefillSweep, MatchesReference) {
   EXPECT_TRUE(l.ok) << l.message;
 }
 
-INSTANTIATE_TEST_SUITE_P(Sweep, MlaSparsePrefillSweep, ::testing::ValuesIn(prefill_cases()),
-                         [](const ::testing::TestParamInfo<PrefillCase>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Sweep, MlaSparsePrefillSweep,
+                         ::testing::Combine(::testing::ValuesIn(prefill_cases()),
+                                            ::testing::Values(MlaDecodeKernel::kPortable, MlaDecodeKernel::kSm90)),
+                         [](const ::testing::TestParamInfo<std::tuple<PrefillCase, MlaDecodeKernel>>& info) {
+                           return std::get<0>(info.param).name +
+                                  (std::get<1>(info.param) == MlaDecodeKernel::kSm90 ? "_sm90" : "_portable");
+                         });
 
 // Two launches of the same problem give the same bits (no races, no order dependence), and a
 // graph capture replays them.
@@ -193,6 +203,18 @@ TEST(MlaSparsePrefillValidation, DevicePathErrors) {
   s = mla_sparse_prefill(args, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
   args.q.shape[2] = args.kv.shape[2] = 576;
+  args.kernel = static_cast<MlaDecodeKernel>(7);
+  s = mla_sparse_prefill(args, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("kernel: expected kAuto, kPortable or kSm90, got 7"), std::string::npos) << s.message();
+  args.kernel = MlaDecodeKernel::kSm90;
+  s = mla_sparse_prefill(args, nullptr);
+  if (is_hopper()) {
+    EXPECT_TRUE(s) << s.to_string();
+  } else {
+    EXPECT_EQ(s.code(), StatusCode::kUnsupportedArchitecture) << s.to_string();
+  }
+  args.kernel = MlaDecodeKernel::kAuto;
   s = mla_sparse_prefill(args, nullptr);
   EXPECT_TRUE(s) << s.to_string();
   MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());

@@ -31,6 +31,7 @@ struct Sm90DecodeConfig {
   static constexpr uint32_t kBarP0Ready = 2;    // consumer 0 arrives, consumer 1 syncs
   static constexpr uint32_t kBarP1Ready = 3;    // consumer 1 arrives, consumer 0 syncs
   static constexpr uint32_t kBarZeroed = 4;     // + w: one consumer's zeroed cache rows
+  static constexpr uint32_t kBarGatherers = 6;  // the 128 threads of the gathering producer
 
   static_assert(kRows == 64, "one wgmma M per CTA");
   static_assert(kSlabs * kSlabCols == kDqk && kNopeSlabs == 8, "V = slabs 0..7, RoPE = slab 8");
@@ -49,6 +50,7 @@ struct Sm90DecodeSmem {
   uint64_t full[C::kStages][C::kSlabs];  // per slab: S starts on the first slabs of a tile
   uint64_t empty[C::kStages];
   int stage_bad[C::kStages];
+  uint16_t key_valid[C::kStages][4];  // gathered tiles: valid-slot mask, 16 keys per producer warp
 };
 inline constexpr int kSm90SmemBytes = sizeof(Sm90DecodeSmem) + 1024;  // + alignment slack
 static_assert(kSm90SmemBytes <= 232448, "fits the 227 KB opt-in shared memory of sm90");

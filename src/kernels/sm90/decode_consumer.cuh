@@ -36,7 +36,9 @@ namespace mlakit::detail::sm90 {
 
 namespace dev = mlakit::device::sm90;
 
-template <typename Elem>
+// kGathered: keys come from the gathering producer (sparse prefill) with a valid-slot mask
+// per tile; false for the paged dense decode (no mask code at all: registers are tight).
+template <typename Elem, bool kGathered = false>
 class Sm90Consumer {
   using C = Sm90DecodeConfig;
   using Ops = device::ElemOps<Elem>;
@@ -44,9 +46,10 @@ class Sm90Consumer {
   using Mma256 = device::sm90::Wgmma<256, Elem>;
 
  public:
-  __device__ Sm90Consumer(const MlaDecodeParams& p, Sm90DecodeSmem& sm)
+  // Rows tile * 64 .. of kv head hk.
+  __device__ Sm90Consumer(const MlaDecodeParams& p, Sm90DecodeSmem& sm, int tile, int hk)
       : p_(p), sm_(sm), w_(threadIdx.x / 128 - 1), t_(threadIdx.x - 128), lane_(threadIdx.x % 32),
-        r0_(16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4), hk_(blockIdx.y), tile_(blockIdx.x) {}
+        r0_(16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4), hk_(hk), tile_(tile) {}
 
   __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split) {
     load_q(seq);
@@ -88,6 +91,7 @@ class Sm90Consumer {
     issue_values_rs(frag, 0);
     if (has_b) {
       dev::named_barrier_sync(C::kBarP1Ready, C::kConsumerThreads);
+      if constexpr (kGathered) dev::fence_proxy_async_smem();  // V_B came by cp.async
       bad_ |= sm_.stage_bad[1] != 0;
       const float m_b[2] = {sm_.row_max[1][r0_], sm_.row_max[1][r0_ + 8]};
       // P_A V_A,0 was issued before consumer 1's softmax: it has finished or nearly so.
@@ -149,6 +153,7 @@ class Sm90Consumer {
   // Consumer 1's side of the tile-A hand-off: P_A is in shared memory, m_A returned.
   __device__ void receive_tile_a(float (&m_a)[2]) {
     dev::named_barrier_sync(C::kBarP0Ready, C::kConsumerThreads);
+    if constexpr (kGathered) dev::fence_proxy_async_smem();  // V_A came by cp.async
     bad_ |= sm_.stage_bad[0] != 0;
     m_a[0] = sm_.row_max[0][r0_];
     m_a[1] = sm_.row_max[0][r0_ + 8];
@@ -173,7 +178,7 @@ class Sm90Consumer {
       const int slab = k / 8, chunk = k % 8;
       const int row = tile_ * C::kRows + r;
       uint8_t* dst = &sm_.q[slab][r * 128 + ((chunk ^ (r & 7)) * 16)];
-      if (row < p_.rows) {
+      if (row < p_.rows && k * 8 < p_.d_qk) {  // columns past d_qk (512: no RoPE) are zero
         const RowCoord rc = row_coord(p_, hk_, row);
         device::cp_async_16(dst, q + seq * p_.q_stride_b + rc.t * p_.q_stride_s + rc.head * p_.q_stride_h + k * 8);
       } else {
@@ -219,6 +224,9 @@ class Sm90Consumer {
 #pragma unroll
     for (int slab = 0; slab < C::kSlabs; ++slab) {
       dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
+      // cp.async (gathered tiles) writes through the generic proxy; wgmma reads through the
+      // async one (TMA writes need no fence).
+      if constexpr (kGathered) dev::fence_proxy_async_smem();
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int kk = 4 * slab + k;
@@ -263,12 +271,16 @@ class Sm90Consumer {
   // 2(lane % 4) + (i & 1)) -> scaled and masked logits, the new running max m_new =
   // max(m, rowmax) and P = 2^(S - m_new) in place, with this thread's row sums of P.
   __device__ void softmax(float (&s)[32], int tile_start, float (&m_new)[2], float (&sum)[2]) {
+    // Gathered keys (sparse prefill): the producer's mask of the slots that were valid.
+    uint32_t listed = ~0u;  // bit 2 (i >> 2) + (i & 1): the key of score register i
+    if constexpr (kGathered) listed = gathered_mask(w_);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      const int key = tile_start + 8 * (i >> 2) + 2 * (lane_ % 4) + (i & 1);
+      const int col = 8 * (i >> 2) + 2 * (lane_ % 4) + (i & 1);
       const int h = (i >> 1) & 1;
-      s[i] = key < lim_[h] ? s[i] * p_.scale_log2 : -INFINITY;
+      const bool visible = tile_start + col < lim_[h] && ((listed >> (2 * (i >> 2) + (i & 1))) & 1u);
+      s[i] = visible ? s[i] * p_.scale_log2 : -INFINITY;
       mx[h] = fmaxf(mx[h], s[i]);
     }
 #pragma unroll
@@ -285,6 +297,18 @@ class Sm90Consumer {
       s[i] = m_new[h] == -INFINITY ? 0.f : device::fast_exp2(s[i] - m_new[h]);
       sum[h] += s[i];
     }
+  }
+
+  // The valid-slot bits of the gathered tile in `stage` for this thread's 16 score columns
+  // 8j + 2 (lane % 4) + {0, 1}, j = 0..7, as bits 2j, 2j + 1.
+  __device__ uint32_t gathered_mask(int stage) const {
+    uint32_t bits = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t word = sm_.key_valid[stage][j / 2];  // keys 16 (j / 2) ..
+      bits |= ((word >> (8 * (j % 2) + 2 * (lane_ % 4))) & 3u) << (2 * j);
+    }
+    return bits;
   }
 
   // Writes P (q's dtype, 128B-swizzled [64 rows][64 keys]) over the RoPE slab of this
@@ -349,7 +373,8 @@ class Sm90Consumer {
     }
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
     const float sum[2] = {sm_.row_sum[0][r0_] + sm_.row_sum[1][r0_], sm_.row_sum[0][r0_ + 8] + sm_.row_sum[1][r0_ + 8]};
-    const bool direct = p_.split_prefix[seq + 1] - p_.split_prefix[seq] == 1;
+    // No plan (sparse prefill): every segment is a whole sequence, written directly.
+    const bool direct = p_.split_prefix == nullptr || p_.split_prefix[seq + 1] - p_.split_prefix[seq] == 1;
     const int64_t slot_row0 =
         (static_cast<int64_t>(direct ? 0 : p_.partial_prefix[seq] + split) * p_.h_kv + hk_) * p_.rows;
 #pragma unroll
@@ -363,11 +388,12 @@ class Sm90Consumer {
       const RowCoord rc = row_coord(p_, hk_, row);
       Elem* out = static_cast<Elem*>(p_.out) + seq * p_.out_stride_b + rc.t * p_.out_stride_s +
                   rc.head * p_.out_stride_h;
-      float* partial = p_.partial_out + (slot_row0 + row) * C::kDv;
+      float* partial = direct ? nullptr : p_.partial_out + (slot_row0 + row) * C::kDv;
+      const float scale = inv * (direct ? sink_factor(p_, rc.head, lse2 * device::kLn2) : 1.f);
 #pragma unroll
       for (int j = 2 * half; j < 128; j += 4) {
         const int col = C::kVColsPerConsumer * w_ + 8 * (j >> 2) + 2 * (lane_ % 4);
-        const float v0 = o_[j] * inv, v1 = o_[j + 1] * inv;
+        const float v0 = o_[j] * scale, v1 = o_[j + 1] * scale;
         if (direct) {
           *reinterpret_cast<uint32_t*>(out + col) = Ops::pack(v0, v1);
         } else {
@@ -376,8 +402,13 @@ class Sm90Consumer {
       }
       if (w_ == 0 && lane_ % 4 == 0) {
         if (direct) {
+          const float to_base = p_.lse_base2 ? 1.f : device::kLn2;
           p_.lse[seq * p_.lse_stride_b + rc.head * p_.lse_stride_h + rc.t * p_.lse_stride_s] =
-              lse2 == -INFINITY ? INFINITY : lse2 * device::kLn2;
+              lse2 == -INFINITY ? INFINITY : lse2 * to_base;
+          if (p_.max_logits != nullptr) {
+            p_.max_logits[seq * p_.max_logits_stride_b + rc.head * p_.max_logits_stride_h +
+                          rc.t * p_.max_logits_stride_s] = bad_ ? NAN : (empty ? -INFINITY : m_[half] * to_base);
+          }
         } else {
           p_.partial_lse[slot_row0 + row] = lse2;
         }

@@ -1,5 +1,5 @@
-// Launchers of the Hopper (sm_90a) dense MLA decode and the tensor map it reads the paged
-// cache through. Host code; one explicit instantiation per dtype in its own .cu file.
+// Launchers of the Hopper (sm_90a) dense MLA decode (and the tensor map it reads the paged
+// cache through) and of the sparse prefill. Host code; one explicit instantiation per dtype in its own .cu file.
 #pragma once
 
 #include <cuda.h>
@@ -25,5 +25,9 @@ bool make_kv_tensor_map(const TensorRef& kv_cache, int box_rows, CUtensorMap* ma
 template <typename Elem>
 cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
                                    cudaStream_t stream);
+
+// Sparse prefill (no plan): grid s_q * 64-row tiles, KV rows gathered by index. bf16.
+template <typename Elem>
+cudaError_t launch_mla_sparse_prefill_sm90(const MlaDecodeParams& params, cudaStream_t stream);
 
 }  // namespace mlakit::detail

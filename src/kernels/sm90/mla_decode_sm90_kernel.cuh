@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     if (threadIdx.x < 32) produce(p, kv_map, box_rows, sm);
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Sm90Consumer<Elem> consumer(p, sm);
+    Sm90Consumer<Elem> consumer(p, sm, blockIdx.x, blockIdx.y);
     for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int split) {
       consumer.run_segment(seq, L, key_begin, key_end, split);
     });

@@ -1,0 +1,48 @@
+// Hopper (sm_90a) sparse MLA prefill: the dense decode's seesaw consumers over tiles that the
+// gathering producer fills from each query token's index list. Grid (s_q * row tiles): CTA
+// x is row tile x % row_tiles of token x / row_tiles (the row tiles of a token are adjacent,
+// so the second one finds the gathered rows in L2); 384 threads, one CTA per SM. No plan, no
+// split: every token's keys run in one CTA, outputs written directly (out, max_logits, lse).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "device/sm90/sync.cuh"
+#include "kernels/sm90/decode_config.cuh"
+#include "kernels/sm90/decode_consumer.cuh"
+#include "kernels/sm90/gather_producer.cuh"
+
+namespace mlakit::detail::sm90 {
+
+template <typename Elem>
+__global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
+    mla_sparse_prefill_sm90_kernel(const __grid_constant__ MlaDecodeParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  namespace dev = mlakit::device::sm90;
+  using C = Sm90DecodeConfig;
+  extern __shared__ uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<Sm90DecodeSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) {
+      for (int slab = 0; slab < C::kSlabs; ++slab) dev::mbarrier_init(&sm.full[s][slab], gathered_full_count(slab));
+      dev::mbarrier_init(&sm.empty[s], 2);
+      sm.stage_bad[s] = 0;
+    }
+    dev::fence_mbarrier_init();
+  }
+  __syncthreads();
+  const int row_tiles = (p.rows + C::kRows - 1) / C::kRows;
+  const int seq = static_cast<int>(blockIdx.x / row_tiles), tile = static_cast<int>(blockIdx.x % row_tiles);
+  const int L = p.lengths(seq);
+  if (threadIdx.x < 128) {
+    dev::setmaxnreg_dec<C::kProducerRegs>();
+    produce_gathered<Elem>(p, tile, seq, L, sm);
+  } else {
+    dev::setmaxnreg_inc<C::kConsumerRegs>();
+    Sm90Consumer<Elem, /*kGathered=*/true> consumer(p, sm, tile, 0);
+    consumer.run_segment(seq, L, 0, L, 0);
+  }
+#endif
+}
+
+}  // namespace mlakit::detail::sm90
