@@ -66,6 +66,7 @@ struct MlaDecodePlan {
   std::size_t partial_out_offset = 0;    // float [partial_slots, h_kv, rows, d_v]
   std::size_t partial_lse_offset = 0;    // float [partial_slots, h_kv, rows] (log2 domain)
   int64_t partial_slots = 0;             // capacity of the partial regions, in splits
+  int64_t sparse_topk = 0;               // sparse decode plans: the topk they were made for; 0: dense
 };
 
 struct MlaDecodeArgs {

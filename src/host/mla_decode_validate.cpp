@@ -19,6 +19,10 @@ constexpr int kRowAlignmentBytes = 16;
 Status check_plan_matches(const char* op, const MlaDecodeProblem& args_problem,
                           const MlaDecodePlan& plan) {
   const MlaDecodeProblem& p = plan.problem;
+  if (plan.sparse_topk != 0) {
+    return invalid(op, "plan: expected a plan made by mla_decode_plan, got a sparse decode plan (topk = " +
+                           std::to_string(plan.sparse_topk) + ")");
+  }
   auto mismatch = [op](const char* what, int64_t plan_value, int64_t arg_value) {
     return invalid(op, std::string(what) + ": expected " + std::to_string(plan_value) +
                            " (the plan's), got " + std::to_string(arg_value) +

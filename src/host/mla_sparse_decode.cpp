@@ -70,6 +70,7 @@ Status mla_sparse_decode_plan(const MlaSparseDecodeProblem& problem, const Tenso
   MlaDecodePlan layout;
   MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(scheduled, dev, &layout, MlaDecodeKernel::kPortable));
   MLAKIT_RETURN_IF_ERROR(detail::attach_workspace(kOp, workspace, workspace_bytes, dev.ordinal, &layout));
+  layout.sparse_topk = problem.topk;  // the schedule covers topk keys per row: checked by the decode
 #if MLAKIT_WITH_CUDA
   MLAKIT_RETURN_IF_ERROR(
       detail::dispatch_sparse_decode_plan(layout, sparse_lengths(topk_length, problem.topk, problem.s_q), stream));
@@ -101,6 +102,11 @@ Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, const MlaDecodePla
     return invalid(kOp, "plan: expected a plan for b * s_q = " + std::to_string(scheduled.b) + ", h_q = " +
                             std::to_string(scheduled.h_q) + " (mla_sparse_decode_plan), got b = " +
                             std::to_string(plan.problem.b) + ", h_q = " + std::to_string(plan.problem.h_q));
+  }
+  // A plan for another topk would walk index positions the indices tensor does not have.
+  if (plan.sparse_topk != shape.topk) {
+    return invalid(kOp, "plan: expected a plan for topk = " + std::to_string(shape.topk) +
+                            " (mla_sparse_decode_plan), got a plan for topk = " + std::to_string(plan.sparse_topk));
   }
   MLAKIT_RETURN_IF_ERROR(detail::check_row_alignment(kOp, "q", args.q, 16));
   MLAKIT_RETURN_IF_ERROR(detail::check_row_alignment(kOp, "kv_cache", args.kv_cache, 16));

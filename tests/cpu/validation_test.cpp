@@ -406,6 +406,10 @@ TEST(ValidateDeviceArgs, EmptyOrForeignPlan) {
   DeviceArgs g;
   g.plan.device = 1;
   EXPECT_TRUE(IsInvalid(g.validate(), {"plan.device: expected 0 (the current device), got 1"}));
+  DeviceArgs h;
+  h.plan.sparse_topk = 2048;
+  EXPECT_TRUE(IsInvalid(h.validate(),
+                        {"plan: expected a plan made by mla_decode_plan, got a sparse decode plan (topk = 2048)"}));
 }
 
 TEST(ValidateDeviceArgs, PlanForAnotherProblem) {

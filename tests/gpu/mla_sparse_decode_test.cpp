@@ -155,6 +155,13 @@ TEST(MlaSparseDecodeValidation, CausalAndHostPointersAndPlanMismatch) {
   other.problem.b = 5;
   s = mla_sparse_decode_fp8(args, other, nullptr);
   EXPECT_NE(s.message().find("plan: expected a plan for b * s_q = 2"), std::string::npos) << s.message();
+  other = plan;
+  other.sparse_topk = 128;
+  s = mla_sparse_decode_fp8(args, other, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("plan: expected a plan for topk = 64 (mla_sparse_decode_plan), got a plan for topk = 128"),
+            std::string::npos)
+      << s.message();
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "device/sm90/sync.cuh"
 #include "kernels/decode_rows.cuh"
 #include "kernels/mla_decode_params.h"
 
@@ -54,6 +55,25 @@ struct Sm90DecodeSmem {
 };
 inline constexpr int kSm90SmemBytes = sizeof(Sm90DecodeSmem) + 1024;  // + alignment slack
 static_assert(kSm90SmemBytes <= 232448, "fits the 227 KB opt-in shared memory of sm90");
+
+// The CTA's shared memory (1024-aligned in the dynamic allocation) with its barriers set up by
+// thread 0 before a CTA-wide barrier: full[s][slab] expects full_count(slab) arrivals (1 for
+// TMA tiles, the gathering threads for gathered ones), empty[s] one per consumer.
+template <typename FullCount>
+__device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, FullCount full_count) {
+  using C = Sm90DecodeConfig;
+  auto& sm = *reinterpret_cast<Sm90DecodeSmem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) {
+      for (int slab = 0; slab < C::kSlabs; ++slab) device::sm90::mbarrier_init(&sm.full[s][slab], full_count(slab));
+      device::sm90::mbarrier_init(&sm.empty[s], 2);
+      sm.stage_bad[s] = 0;
+    }
+    device::sm90::fence_mbarrier_init();
+  }
+  __syncthreads();
+  return sm;
+}
 
 // Number of 64-key tiles a segment needs for this CTA's rows (producer and consumers must
 // agree exactly). Tiles 2i and 2i+1 form pair i; an odd count ends with a lone tile A.

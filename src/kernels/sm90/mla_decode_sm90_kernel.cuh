@@ -34,15 +34,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
   extern __shared__ uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<Sm90DecodeSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < C::kStages; ++s) {
-      for (int slab = 0; slab < C::kSlabs; ++slab) dev::mbarrier_init(&sm.full[s][slab], 1);
-      dev::mbarrier_init(&sm.empty[s], 2);
-    }
-    dev::fence_mbarrier_init();
-  }
-  __syncthreads();
+  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int) { return 1; });  // one TMA producer arrival
   if (threadIdx.x < 128) {
     dev::setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x < 32) produce(p, kv_map, box_rows, sm);

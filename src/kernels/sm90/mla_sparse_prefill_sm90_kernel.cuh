@@ -21,16 +21,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
   extern __shared__ uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<Sm90DecodeSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < C::kStages; ++s) {
-      for (int slab = 0; slab < C::kSlabs; ++slab) dev::mbarrier_init(&sm.full[s][slab], gathered_full_count(slab));
-      dev::mbarrier_init(&sm.empty[s], 2);
-      sm.stage_bad[s] = 0;
-    }
-    dev::fence_mbarrier_init();
-  }
-  __syncthreads();
+  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_full_count(slab); });
   const int row_tiles = (p.rows + C::kRows - 1) / C::kRows;
   const int seq = static_cast<int>(blockIdx.x / row_tiles), tile = static_cast<int>(blockIdx.x % row_tiles);
   const int L = p.lengths(seq);
