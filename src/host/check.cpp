@@ -117,6 +117,16 @@ Status check_vector(const char* op, const char* name, const TensorRef& t, DType 
   return check_last_dim_contiguous(op, name, t);
 }
 
+Status check_topk(const char* op, const TensorRef& indices, int* topk) {
+  const int64_t k = indices.shape[indices.rank - 1];
+  if (k < 1 || k > (1 << 20)) {
+    return invalid(op, "indices.shape[" + std::to_string(indices.rank - 1) + "] (topk): expected 1 <= topk <= 2^20, got " +
+                           std::to_string(k));
+  }
+  *topk = static_cast<int>(k);
+  return Status::ok();
+}
+
 Status check_optional_vector(const char* op, const char* name, const TensorRef& t, DType dtype,
                              const char* dim_name, int64_t size) {
   return t.empty() ? Status::ok() : check_vector(op, name, t, dtype, dim_name, size);

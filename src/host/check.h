@@ -39,6 +39,9 @@ Status check_vector(const char* op, const char* name, const TensorRef& t, DType 
 Status check_optional_vector(const char* op, const char* name, const TensorRef& t, DType dtype,
                              const char* dim_name, int64_t size);
 
+// The topk of an indices tensor [.., .., topk] (last dimension): 1 <= topk <= 2^20.
+Status check_topk(const char* op, const TensorRef& indices, int* topk);
+
 // A logit scale: finite, or NaN for "the default" (kDefaultSoftmaxScale).
 Status check_logit_scale(const char* op, const char* name, float scale);
 // An output in `dtype`, or also float32 (the CPU references' unrounded results).

@@ -52,11 +52,7 @@ Status validate_mla_sparse_prefill_args(const char* op, const MlaSparsePrefillAr
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "indices", a.indices, 0, "s_q", s.s_q));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "indices", a.indices, 1, "h_kv", 1));
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "indices", a.indices));
-  if (a.indices.shape[2] < 1 || a.indices.shape[2] > (1 << 20)) {
-    return invalid(op, "indices.shape[2] (topk): expected 1 <= topk <= 2^20, got " +
-                           std::to_string(a.indices.shape[2]));
-  }
-  s.topk = static_cast<int>(a.indices.shape[2]);
+  MLAKIT_RETURN_IF_ERROR(check_topk(op, a.indices, &s.topk));
 
   MLAKIT_RETURN_IF_ERROR(check_optional_vector(op, "topk_length", a.topk_length, DType::kInt32, "s_q", s.s_q));
   MLAKIT_RETURN_IF_ERROR(check_optional_vector(op, "attn_sink", a.attn_sink, DType::kFP32, "h_q", s.h_q));
