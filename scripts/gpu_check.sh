@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The one GPU-machine script: build (all cores), SASS resource check, CPU + GPU test suites,
 # the main job, the benchmark; logs and JSON under $OUT; a short summary printed last.
-# Usage (on the GPU machine): bash scripts/gpu_check.sh [--skip-tests] [--skip-bench] [bench args...]
+# Usage (on the GPU machine): bash scripts/gpu_check.sh [--skip-tests] [--skip-bench] [--pip] [bench args...]
+#   --pip: also `pip install .` into a fresh venv (build dependencies from .pip-wheels/ when the
+#          machine has no index: the device has no internet) and run the Python tests against
+#          the installed package, from outside the repository.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
@@ -9,11 +12,13 @@ mkdir -p "$OUT"
 export MLAKIT_COMMIT="${MLAKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 run_tests=1
 run_bench=1
+run_pip=0
 bench_args=()
 for arg in "$@"; do
   case "$arg" in
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
+    --pip) run_pip=1 ;;
     *) bench_args+=("$arg") ;;
   esac
 done
@@ -41,7 +46,8 @@ note "build: ok ($(( $(date +%s) - start )) s)"
 
 # ptxas on the Hopper kernel: wgmma serialisation (C7514-C7520 "Potential Performance Loss")
 # and spills silently cost 20-30%; report them.
-for unit in src/kernels/sm90/mla_decode_sm90_bf16.cu src/kernels/sm90/mla_sparse_prefill_sm90_bf16.cu; do
+for unit in src/kernels/sm90/mla_decode_sm90_bf16.cu src/kernels/sm90/mla_sparse_prefill_sm90_bf16.cu \
+            src/kernels/sm90/mla_sparse_decode_sm90.cu; do
   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -I include -I src -c "$unit" -o /dev/null 2>&1 |
     grep -E "Performance Loss|[1-9][0-9]* bytes spill" | cut -c1-160 | sed "s|^|ptxas warning ($unit): |" | tee -a "$summary"
 done
@@ -56,7 +62,7 @@ gzip -f "$OUT/sass.txt"
 if [ "$run_tests" = 1 ]; then
   "$build/tests/mlakit_cpu_tests" --gtest_brief=1 >"$OUT/cpu_tests.log" 2>&1
   note "cpu tests: rc=$? $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/cpu_tests.log" | head -3 | tr '\n' ' ')"
-  timeout 300 "$build/tests/mlakit_gpu_tests" --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
+  timeout "${GPU_TEST_TIMEOUT:-300}" "$build/tests/mlakit_gpu_tests" --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
   note "gpu tests: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|SKIPPED' "$OUT/gpu_tests.log" | head -12 | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -8 | tee -a "$summary"
   grep -B1 -A3 "Failure" "$OUT/gpu_tests.log" | grep -E "got|differ|Expected|status" | head -8 | tee -a "$summary"
@@ -67,6 +73,27 @@ if [ "$run_tests" = 1 ]; then
   fi
   timeout 120 "$build/apps/mlakit-run" >"$OUT/main_job.log" 2>&1
   note "main job: rc=$?"; tail -6 "$OUT/main_job.log" | tee -a "$summary"
+fi
+
+if [ "$run_pip" = 1 ]; then
+  pip_start=$(date +%s)
+  # Into the machine's own python3, whose numpy and PyTorch the tests need. Offline (the
+  # device has no index), build dependencies come from .pip-wheels/ and are installed first:
+  # an isolated build environment could not run the cmake of that python's environment (a
+  # pip shim), so the build runs in the environment itself (--no-build-isolation).
+  pip_args=(--break-system-packages)
+  if [ -d .pip-wheels ]; then
+    pip_args+=(--no-index --find-links "$PWD/.pip-wheels")
+    python3 -m pip install "${pip_args[@]}" scikit-build-core nanobind >"$OUT/pip_build_deps.log" 2>&1
+    pip_args+=(--no-build-isolation)
+  fi
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip install -v "${pip_args[@]}" . >"$OUT/pip_install.log" 2>&1
+  note "pip install .: rc=$? ($(( $(date +%s) - pip_start )) s) $(grep -E '^Successfully installed' "$OUT/pip_install.log")"
+  repo="$PWD"
+  (cd "$(mktemp -d)" && timeout 300 python3 -c "import mlakit; print('mlakit from', mlakit.__file__)" &&
+   timeout 300 python3 -m pytest -q -rs -p no:cacheprovider "$repo/tests/python") >"$OUT/pip_python_tests.log" 2>&1
+  note "python tests (installed package): rc=$? $(grep -E '^mlakit from' "$OUT/pip_python_tests.log") $(tail -1 "$OUT/pip_python_tests.log")"
+  grep -E "^(FAILED|ERROR) |^E  " "$OUT/pip_python_tests.log" | head -12 | tee -a "$summary"
 fi
 
 if [ "$run_bench" = 1 ]; then

@@ -3,8 +3,9 @@
 //
 // Per decoding step, like the dense decode: mla_sparse_decode_workspace_size once,
 // mla_sparse_decode_plan once per step (the schedule depends on topk / topk_length only),
-// mla_sparse_decode_fp8 per layer. The GPU kernel is the portable one (any CUDA GPU, sm80+);
-// the Hopper kernel is to come.
+// mla_sparse_decode_fp8 per layer. GPU kernels: the Hopper one (sm90a: FP8 tokens gathered and
+// dequantized into bf16 tiles for wgmma) on compute capability 9.0, the portable one (sm80+)
+// elsewhere or when problem.kernel asks for it.
 #pragma once
 
 #include "mlakit/mla_decode.h"
@@ -19,6 +20,9 @@ struct MlaSparseDecodeProblem {
   int s_q = 1;
   int h_q = 0;
   int topk = 0;  // indices per query token, >= 1
+  // Which kernel the plan is made for (kAuto: the Hopper kernel on compute capability 9.0,
+  // the portable one elsewhere); the workspace size and the plan must be asked with the same.
+  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
 };
 
 struct MlaSparseDecodeArgs {

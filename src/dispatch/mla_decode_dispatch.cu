@@ -162,7 +162,10 @@ Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodeP
       .indices_stride_s = a.indices.stride[1],
       .attn_sink = a.attn_sink.empty() ? nullptr : static_cast<const float*>(a.attn_sink.data),
   };
-  return cuda_status("mla_sparse_decode_fp8", launch_mla_decode_portable<__nv_bfloat16>(params, stream));
+  // The plan's kernel: its layout (rows per tile, parts) was made for that kernel.
+  return cuda_status("mla_sparse_decode_fp8", plan.kernel == MlaDecodeKernel::kSm90
+                                                  ? launch_mla_sparse_decode_sm90(params, stream)
+                                                  : launch_mla_decode_portable<__nv_bfloat16>(params, stream));
 }
 
 Status dispatch_mla_decode_combine(const MlaDecodeArgs& a, const MlaDecodePlan& plan, cudaStream_t stream) {

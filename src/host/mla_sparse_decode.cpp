@@ -40,6 +40,13 @@ detail::SeqLengths sparse_lengths(const TensorRef& topk_length, int topk, int s_
   return detail::SeqLengths{topk_length.empty() ? nullptr : static_cast<const int32_t*>(topk_length.data), topk, s_q, topk};
 }
 
+// The problem's kernel request, named as the sparse API spells it (the dense layout code
+// would report it as options.kernel).
+Status check_kernel_request(const char* op, const detail::DeviceInfo& dev, MlaDecodeKernel request) {
+  detail::DecodeKernelTraits traits;
+  return detail::select_decode_kernel(op, dev, request, &traits, "problem.kernel");
+}
+
 Status check_topk_length(const char* op, const TensorRef& t, int64_t b, int device) {
   if (t.empty()) return Status::ok();
   using namespace detail;
@@ -55,7 +62,10 @@ Status mla_sparse_decode_workspace_size(const MlaSparseDecodeProblem& problem, s
   if (bytes == nullptr) return invalid(kOp, "bytes: expected a non-null pointer, got null");
   MlaDecodeProblem scheduled;
   MLAKIT_RETURN_IF_ERROR(scheduled_problem(kOp, problem, &scheduled));
-  return mla_decode_workspace_size(scheduled, bytes, MlaDecodeOptions{.kernel = MlaDecodeKernel::kPortable});
+  detail::DeviceInfo dev;
+  MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
+  MLAKIT_RETURN_IF_ERROR(check_kernel_request(kOp, dev, problem.kernel));
+  return mla_decode_workspace_size(scheduled, bytes, MlaDecodeOptions{.kernel = problem.kernel});
 }
 
 Status mla_sparse_decode_plan(const MlaSparseDecodeProblem& problem, const TensorRef& topk_length, void* workspace,
@@ -66,9 +76,10 @@ Status mla_sparse_decode_plan(const MlaSparseDecodeProblem& problem, const Tenso
   MLAKIT_RETURN_IF_ERROR(scheduled_problem(kOp, problem, &scheduled));
   detail::DeviceInfo dev;
   MLAKIT_RETURN_IF_ERROR(detail::current_device_info(&dev));
+  MLAKIT_RETURN_IF_ERROR(check_kernel_request(kOp, dev, problem.kernel));
   MLAKIT_RETURN_IF_ERROR(check_topk_length(kOp, topk_length, problem.b, dev.ordinal));
   MlaDecodePlan layout;
-  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(scheduled, dev, &layout, MlaDecodeKernel::kPortable));
+  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(scheduled, dev, &layout, problem.kernel));
   MLAKIT_RETURN_IF_ERROR(detail::attach_workspace(kOp, workspace, workspace_bytes, dev.ordinal, &layout));
   layout.sparse_topk = problem.topk;  // the schedule covers topk keys per row: checked by the decode
 #if MLAKIT_WITH_CUDA

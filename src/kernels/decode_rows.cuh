@@ -25,6 +25,24 @@ __device__ __forceinline__ int64_t seq_offset(const MlaDecodeParams& p, int seq,
   return static_cast<int64_t>(seq / p.seq_divisor) * stride_b + static_cast<int64_t>(seq % p.seq_divisor) * stride_s;
 }
 
+// Sparse modes: key pos of scheduled sequence seq is slot indices[..][pos] = block *
+// page_size + offset (the prefill passes its kv as s_kv pages of one row, so the slot is the
+// row).
+__device__ __forceinline__ int32_t listed_slot(const MlaDecodeParams& p, int seq, int pos) {
+  return p.indices[seq_offset(p, seq, p.indices_stride_b, p.indices_stride_s) + pos];
+}
+
+// The element offset of a slot's row, or -1 for a slot outside [0, num_blocks * page_size)
+// (-1 included): skipped, never dereferenced.
+__device__ __forceinline__ int64_t slot_offset(const MlaDecodeParams& p, int64_t slot) {
+  if (slot < 0 || slot >= p.num_blocks * p.page_size) return -1;
+  return (slot / p.page_size) * p.kv_stride_block + (slot % p.page_size) * p.kv_stride_page;
+}
+
+__device__ __forceinline__ int64_t listed_key_offset(const MlaDecodeParams& p, int seq, int pos) {
+  return slot_offset(p, listed_slot(p, seq, pos));
+}
+
 // The attention-sink factor of a finished row (1 without a sink or for an empty row).
 __device__ __forceinline__ float sink_factor(const MlaDecodeParams& p, int head, float lse_natural) {
   if (p.attn_sink == nullptr || !isfinite(lse_natural)) return 1.f;

@@ -5,6 +5,7 @@
 
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -54,11 +55,16 @@ std::vector<SparseSweepCase> sparse_cases() {
   return cases;
 }
 
-class MlaSparseDecodeSweep : public ::testing::TestWithParam<SparseSweepCase> {};
+// Every case on both kernels (the Hopper one only on compute capability 9.0).
+class MlaSparseDecodeSweep : public ::testing::TestWithParam<std::tuple<SparseSweepCase, MlaDecodeKernel>> {};
 
 TEST_P(MlaSparseDecodeSweep, MatchesReference) {
   MLAKIT_SKIP_WITHOUT_GPU();
-  support::HostSparseCase c = support::make_sparse_case(GetParam().spec);
+  const MlaDecodeKernel kernel = std::get<1>(GetParam());
+  if (kernel == MlaDecodeKernel::kSm90 && !is_hopper()) GTEST_SKIP() << "needs a compute capability 9.0 GPU";
+  support::HostSparseCase c = support::make_sparse_case(std::get<0>(GetParam()).spec);
+  MlaSparseDecodeProblem problem = c.problem();
+  problem.kernel = kernel;
   const support::SparseReferenceResult ref = support::run_sparse_reference(c);
 
   DeviceBuffer q(c.q), cache(c.cache), indices(c.indices), out(c.out_elems() * 2), lse(c.lse_elems() * 4);
@@ -70,11 +76,12 @@ TEST_P(MlaSparseDecodeSweep, MatchesReference) {
   const MlaSparseDecodeArgs args = c.args(q.get(), cache.get(), indices.get(), topk_length.get(), sink.get(),
                                           out.get(), DType::kBF16, lse.get());
   std::size_t bytes = 0;
-  ASSERT_TRUE(mla_sparse_decode_workspace_size(c.problem(), &bytes));
+  ASSERT_TRUE(mla_sparse_decode_workspace_size(problem, &bytes));
   DeviceBuffer ws(bytes);
   MlaDecodePlan plan;
-  Status s = mla_sparse_decode_plan(c.problem(), args.topk_length, ws.get(), bytes, nullptr, &plan);
+  Status s = mla_sparse_decode_plan(problem, args.topk_length, ws.get(), bytes, nullptr, &plan);
   ASSERT_TRUE(s) << s.to_string();
+  ASSERT_EQ(plan.kernel, kernel);
   s = mla_sparse_decode_fp8(args, plan, nullptr);
   ASSERT_TRUE(s) << s.to_string();
   MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -84,8 +91,13 @@ TEST_P(MlaSparseDecodeSweep, MatchesReference) {
   EXPECT_TRUE(l.ok) << l.message;
 }
 
-INSTANTIATE_TEST_SUITE_P(Sweep, MlaSparseDecodeSweep, ::testing::ValuesIn(sparse_cases()),
-                         [](const ::testing::TestParamInfo<SparseSweepCase>& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Sweep, MlaSparseDecodeSweep,
+                         ::testing::Combine(::testing::ValuesIn(sparse_cases()),
+                                            ::testing::Values(MlaDecodeKernel::kPortable, MlaDecodeKernel::kSm90)),
+                         [](const ::testing::TestParamInfo<std::tuple<SparseSweepCase, MlaDecodeKernel>>& info) {
+                           return std::get<0>(info.param).name() +
+                                  (std::get<1>(info.param) == MlaDecodeKernel::kSm90 ? "_sm90" : "_portable");
+                         });
 
 TEST(MlaSparseDecodeGraph, CaptureAndReplayMatchEagerBits) {
   MLAKIT_SKIP_WITHOUT_GPU();
@@ -162,6 +174,39 @@ TEST(MlaSparseDecodeValidation, CausalAndHostPointersAndPlanMismatch) {
   EXPECT_NE(s.message().find("plan: expected a plan for topk = 64 (mla_sparse_decode_plan), got a plan for topk = 128"),
             std::string::npos)
       << s.message();
+}
+
+TEST(MlaSparseDecodeValidation, KernelRequest) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  support::HostSparseCase c = support::make_sparse_case({.b = 2, .s_q = 1, .h_q = 16, .topk = 64, .seed = 4});
+  MlaSparseDecodeProblem problem = c.problem();
+  problem.kernel = static_cast<MlaDecodeKernel>(7);
+  std::size_t bytes = 0;
+  Status s = mla_sparse_decode_workspace_size(problem, &bytes);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("mla_sparse_decode_workspace_size: problem.kernel: expected kAuto, kPortable or kSm90, got 7"),
+            std::string::npos)
+      << s.message();
+  DeviceBuffer ws(1 << 20);
+  MlaDecodePlan plan;
+  s = mla_sparse_decode_plan(problem, TensorRef{}, ws.get(), 1 << 20, nullptr, &plan);
+  EXPECT_NE(s.message().find("mla_sparse_decode_plan: problem.kernel: expected kAuto, kPortable or kSm90, got 7"),
+            std::string::npos)
+      << s.message();
+  problem.kernel = MlaDecodeKernel::kSm90;
+  s = mla_sparse_decode_workspace_size(problem, &bytes);
+  if (is_hopper()) {
+    EXPECT_TRUE(s) << s.to_string();
+  } else {
+    EXPECT_EQ(s.code(), StatusCode::kUnsupportedArchitecture);
+    EXPECT_NE(s.message().find("problem.kernel: kSm90 expected a compute capability 9.0 device"), std::string::npos)
+        << s.message();
+  }
+  problem.kernel = MlaDecodeKernel::kAuto;
+  ASSERT_TRUE(mla_sparse_decode_workspace_size(problem, &bytes));
+  DeviceBuffer auto_ws(bytes);
+  ASSERT_TRUE(mla_sparse_decode_plan(problem, TensorRef{}, auto_ws.get(), bytes, nullptr, &plan));
+  EXPECT_EQ(plan.kernel, is_hopper() ? MlaDecodeKernel::kSm90 : MlaDecodeKernel::kPortable);
 }
 
 }  // namespace

@@ -160,7 +160,7 @@ class DecodeCta {
     if (tid_ < C::kKeys) {
       const int pos = k0 + tid_;
       sm_.key_offset[tid_] = pos >= key_end            ? int64_t{-1}
-                             : p_.indices != nullptr ? listed_key_offset(seq, pos)
+                             : p_.indices != nullptr ? listed_key_offset(p_, seq, pos)
                                                      : paged_key_offset(seq, pos);
     }
     __syncthreads();
@@ -182,15 +182,6 @@ class DecodeCta {
       return -1;
     }
     return block * p_.kv_stride_block + (pos % p_.page_size) * p_.kv_stride_page + hk_ * p_.kv_stride_h;
-  }
-
-  // Sparse modes: key pos is slot indices[..][pos] = block * page_size + offset (the prefill
-  // passes its kv as s_kv pages of one row, so the slot is the row). Slots outside
-  // [0, num_blocks * page_size), -1 included, are skipped.
-  __device__ int64_t listed_key_offset(int seq, int pos) const {
-    const int64_t slot = p_.indices[seq_offset(p_, seq, p_.indices_stride_b, p_.indices_stride_s) + pos];
-    if (slot < 0 || slot >= p_.num_blocks * p_.page_size) return -1;
-    return (slot / p_.page_size) * p_.kv_stride_block + (slot % p_.page_size) * p_.kv_stride_page;
   }
 
   // Rows stored in Elem: 16-byte cp.async of the first d_qk columns, zeros elsewhere.

@@ -24,6 +24,10 @@ struct Sm90DecodeConfig {
   static constexpr int kConsumerThreads = 256;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
+  // The FP8 sparse decode's producer dequantizes and keeps raw slabs in flight in registers
+  // (below 72 it spills); its consumers fit in 216.
+  static constexpr int kFp8ProducerRegs = 72;
+  static constexpr int kFp8ConsumerRegs = 216;
   static constexpr int kVColsPerConsumer = kDv / 2;  // O columns of one consumer
   static constexpr int kQkSteps = kDqk / 16;
   static constexpr int kPvSteps = kKeys / 16;
@@ -37,7 +41,12 @@ struct Sm90DecodeConfig {
   static_assert(kRows == 64, "one wgmma M per CTA");
   static_assert(kSlabs * kSlabCols == kDqk && kNopeSlabs == 8, "V = slabs 0..7, RoPE = slab 8");
   static_assert(kRows * kKeys * 2 == kSlabBytes, "a P tile fits the RoPE slab it replaces");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");
+  // setmaxnreg moves registers within what the CTA was given at launch: __launch_bounds__(384,
+  // 1) gives 168 per thread (65536 / 384 rounded down to 8), 64512 in all; a larger total
+  // leaves setmaxnreg.inc waiting forever.
+  static constexpr int kLaunchRegs = 168 * kThreads;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= kLaunchRegs, "register budget");
+  static_assert(kFp8ProducerRegs * 128 + kFp8ConsumerRegs * kConsumerThreads <= kLaunchRegs, "register budget");
 };
 
 struct Sm90DecodeSmem {

@@ -36,8 +36,10 @@ namespace mlakit::detail::sm90 {
 
 namespace dev = mlakit::device::sm90;
 
-// kGathered: keys come from the gathering producer (sparse prefill) with a valid-slot mask
-// per tile; false for the paged dense decode (no mask code at all: registers are tight).
+// kGathered: keys come from a gathering producer (sparse prefill, sparse FP8 decode) with a
+// valid-slot mask per tile; false for the paged dense decode (no mask code at all: registers
+// are tight). Scheduled sequence seq addresses q / out / lse through seq_offset (the sparse
+// decode schedules one sequence per (batch entry, query token)).
 template <typename Elem, bool kGathered = false>
 class Sm90Consumer {
   using C = Sm90DecodeConfig;
@@ -180,7 +182,8 @@ class Sm90Consumer {
       uint8_t* dst = &sm_.q[slab][r * 128 + ((chunk ^ (r & 7)) * 16)];
       if (row < p_.rows && k * 8 < p_.d_qk) {  // columns past d_qk (512: no RoPE) are zero
         const RowCoord rc = row_coord(p_, hk_, row);
-        device::cp_async_16(dst, q + seq * p_.q_stride_b + rc.t * p_.q_stride_s + rc.head * p_.q_stride_h + k * 8);
+        device::cp_async_16(dst, q + seq_offset(p_, seq, p_.q_stride_b, p_.q_stride_s) + rc.t * p_.q_stride_s +
+                                     rc.head * p_.q_stride_h + k * 8);
       } else {
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
       }
@@ -386,8 +389,8 @@ class Sm90Consumer {
       const float inv = bad_ ? NAN : (empty ? 0.f : 1.f / sum[half]);
       const float lse2 = bad_ ? NAN : (empty ? -INFINITY : m_[half] + log2f(sum[half]));
       const RowCoord rc = row_coord(p_, hk_, row);
-      Elem* out = static_cast<Elem*>(p_.out) + seq * p_.out_stride_b + rc.t * p_.out_stride_s +
-                  rc.head * p_.out_stride_h;
+      Elem* out = static_cast<Elem*>(p_.out) + seq_offset(p_, seq, p_.out_stride_b, p_.out_stride_s) +
+                  rc.t * p_.out_stride_s + rc.head * p_.out_stride_h;
       float* partial = direct ? nullptr : p_.partial_out + (slot_row0 + row) * C::kDv;
       const float scale = inv * (direct ? sink_factor(p_, rc.head, lse2 * device::kLn2) : 1.f);
 #pragma unroll
@@ -403,11 +406,12 @@ class Sm90Consumer {
       if (w_ == 0 && lane_ % 4 == 0) {
         if (direct) {
           const float to_base = p_.lse_base2 ? 1.f : device::kLn2;
-          p_.lse[seq * p_.lse_stride_b + rc.head * p_.lse_stride_h + rc.t * p_.lse_stride_s] =
+          p_.lse[seq_offset(p_, seq, p_.lse_stride_b, p_.lse_stride_s) + rc.head * p_.lse_stride_h +
+                 rc.t * p_.lse_stride_s] =
               lse2 == -INFINITY ? INFINITY : lse2 * to_base;
           if (p_.max_logits != nullptr) {
-            p_.max_logits[seq * p_.max_logits_stride_b + rc.head * p_.max_logits_stride_h +
-                          rc.t * p_.max_logits_stride_s] = bad_ ? NAN : (empty ? -INFINITY : m_[half] * to_base);
+            p_.max_logits[seq_offset(p_, seq, p_.max_logits_stride_b, p_.max_logits_stride_s) +
+                          rc.head * p_.max_logits_stride_h + rc.t * p_.max_logits_stride_s] = bad_ ? NAN : (empty ? -INFINITY : m_[half] * to_base);
           }
         } else {
           p_.partial_lse[slot_row0 + row] = lse2;

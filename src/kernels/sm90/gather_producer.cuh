@@ -7,7 +7,8 @@
 // slab by slab with cp.async; after each slab it arrives on full[stage][slab] through
 // cp.async.mbarrier.arrive.noinc (count 128, + 1 on slab 0 for the mask). Slots outside
 // [0, s_kv), -1 included, and keys past the token's length are zero-filled without a global
-// read and left out of the mask, which lane 0 of each warp writes for its 16 keys.
+// read and left out of the mask (publish_valid_mask), which the extra arrival on slab 0
+// releases (the cp.async arrivals do not order the mask write).
 #pragma once
 
 #include <cstdint>
@@ -21,30 +22,39 @@ namespace mlakit::detail::sm90 {
 // Arrivals each full[stage][slab] barrier of a gathered tile expects.
 __host__ __device__ constexpr int gathered_full_count(int slab) { return 128 + (slab == 0 ? 1 : 0); }
 
+// Element offset of key `key` of scheduled sequence seq in the listed rows, or -1 (past the
+// segment's end, or an invalid slot).
+__device__ __forceinline__ int64_t gathered_key_offset(const MlaDecodeParams& p, int seq, int key, int key_end) {
+  return key < key_end ? listed_key_offset(p, seq, key) : -1;
+}
+
+// The valid-slot mask of a gathered tile from the producers' ballot of their keys (thread t
+// holds key t / 2): lane 0 of each warp writes the 16 bits of its warp's keys.
+__device__ __forceinline__ void publish_valid_mask(Sm90DecodeSmem& sm, int stage, uint32_t ballot) {
+  if (threadIdx.x % 32 != 0) return;
+  uint32_t mask = 0;  // even lanes (half 0) carry keys 16 warp + j
+  for (int j = 0; j < 16; ++j) mask |= ((ballot >> (2 * j)) & 1u) << j;
+  sm.key_valid[stage][threadIdx.x / 32] = static_cast<uint16_t>(mask);
+}
+
 template <typename Elem>
 __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int tile, int seq, int L, Sm90DecodeSmem& sm) {
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
-  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const int t = threadIdx.x;
   const int key_in_tile = t / 2, half = t % 2;
   const Elem* kv = static_cast<const Elem*>(p.kv);
-  const int32_t* listed = p.indices + seq * p.indices_stride_b;
   const int stored_chunks = p.d_qk / 8;  // 16-byte chunks of a row held by kv (512: no RoPE)
   const int tiles = segment_tiles(p, 0, tile, L, 0, L);
   uint32_t phases = 0;  // bit s: parity of stage s's current lap
   for (int i = 0; i < tiles; ++i) {
     const int stage = i % C::kStages;
-    const int key = i * C::kKeys + key_in_tile;
-    const int32_t slot = key < L ? listed[key] : -1;
-    const bool valid = slot >= 0 && slot < p.num_blocks;  // the prefill passes s_kv rows as blocks
+    const int64_t offset = gathered_key_offset(p, seq, i * C::kKeys + key_in_tile, L);
+    const bool valid = offset >= 0;
     const uint32_t ballot = __ballot_sync(0xffffffffu, valid);
-    const Elem* row = kv + (valid ? static_cast<int64_t>(slot) * p.kv_stride_block : 0);
+    const Elem* row = kv + (valid ? offset : 0);
     dev::mbarrier_wait(&sm.empty[stage], ((phases >> stage) & 1u) ^ 1u);
-    if (lane == 0) {
-      uint32_t mask = 0;  // even lanes (half 0) carry keys 16 warp + j
-      for (int j = 0; j < 16; ++j) mask |= ((ballot >> (2 * j)) & 1u) << j;
-      sm.key_valid[stage][warp] = static_cast<uint16_t>(mask);
-    }
+    publish_valid_mask(sm, stage, ballot);
     uint8_t* dst_row = &sm.kv[stage][0][key_in_tile * 128];
 #pragma unroll
     for (int s = 0; s < C::kSlabs; ++s) {

@@ -1,5 +1,5 @@
 // Launchers of the Hopper (sm_90a) dense MLA decode (and the tensor map it reads the paged
-// cache through) and of the sparse prefill. Host code; one explicit instantiation per dtype in its own .cu file.
+// cache through), of the sparse FP8 decode and of the sparse prefill. Host code; one explicit instantiation per dtype in its own .cu file.
 #pragma once
 
 #include <cuda.h>
@@ -29,5 +29,9 @@ cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensor
 // Sparse prefill (no plan): grid s_q * 64-row tiles, KV rows gathered by index. bf16.
 template <typename Elem>
 cudaError_t launch_mla_sparse_prefill_sm90(const MlaDecodeParams& params, cudaStream_t stream);
+
+// Sparse FP8 decode (grid: 64-row tiles x 1 x num_parts of the sparse plan): the 656-byte
+// tokens listed by params.indices, dequantized into bf16 tiles; then the portable combine.
+cudaError_t launch_mla_sparse_decode_sm90(const MlaDecodeParams& params, cudaStream_t stream);
 
 }  // namespace mlakit::detail

@@ -1,0 +1,147 @@
+// Gathering producer of the Hopper sparse FP8 decode: the 128 threads of warpgroup 0 fill the
+// dense decode's 128B-swizzled 64-key bf16 tiles from the listed 656-byte FP8 tokens
+// (common/fp8_cache_row.h), so the consumers run unchanged apart from the valid-slot mask.
+//
+// Thread t serves key t / 2 of each tile and half t % 2 of its bytes. Per tile:
+//   - once the stage is free: cp.async of the token's bf16 RoPE straight into slab 8
+//     (swizzled), completing on full[stage][8] through cp.async.mbarrier.arrive.noinc;
+//   - slab k = 0..7: the thread's 32 e4m3 bytes of columns 64k + 32 half .. are already in
+//     registers with their scale (loaded kLookahead slabs ahead, so the loads of the next
+//     slabs, or of the next tile's first ones, are in flight while slab k converts); it
+//     dequantizes them (device/fp8_convert.cuh, bit-identical to the reference) into its 4
+//     chunks of the swizzled row, fences (generic -> async proxy), and lane 0 of each warp
+//     arrives on full[stage][k] after __syncwarp, so S starts on slab 0 while later slabs
+//     convert.
+// The raw bytes never touch shared memory, so the next tile's loads need no free stage. An
+// invalid slot (or a key past the segment) loads nothing: zeros, scale 0, zero-filled RoPE.
+// Lane 0 writes the warp's valid-slot mask before its slab-0 arrival, which releases it.
+// While tile i converts, the tokens of tile i + 1 are prefetched into L2 (one bulk prefetch
+// per token), so its register loads hit L2; the indices are read two tiles ahead.
+#pragma once
+
+#include <cstdint>
+
+#include "common/fp8_cache_row.h"
+#include "device/cp_async.cuh"
+#include "device/fp8_convert.cuh"
+#include "device/sm90/sync.cuh"
+#include "kernels/sm90/decode_config.cuh"
+#include "kernels/sm90/gather_producer.cuh"
+
+namespace mlakit::detail::sm90 {
+
+// Arrivals on full[stage][slab]: one per producer warp on the dequantized slabs, one per
+// producer thread (cp.async) on the RoPE slab.
+__host__ __device__ constexpr int fp8_gathered_full_count(int slab) {
+  return slab < Sm90DecodeConfig::kNopeSlabs ? 4 : 128;
+}
+
+class Fp8GatherProducer {
+  using C = Sm90DecodeConfig;
+  static_assert(kFp8NopeDim == C::kNopeSlabs * C::kSlabCols, "one quantized slab per V slab");
+  static_assert(kFp8Tile == 2 * C::kSlabCols, "a scale covers two slabs");
+
+  // Slabs loaded ahead of the one being converted (registers: 9 per slab).
+  static constexpr int kLookahead = 2;
+
+  // The 32 e4m3 bytes of one thread in one slab, and their tile's scale.
+  struct RawSlab {
+    uint4 lo, hi;
+    float scale;
+  };
+
+ public:
+  __device__ Fp8GatherProducer(const MlaDecodeParams& p, Sm90DecodeSmem& sm, int tile)
+      : p_(p), sm_(sm), cache_(static_cast<const uint8_t*>(p.kv)), tile_(tile), key_(threadIdx.x / 2),
+        half_(threadIdx.x % 2) {}
+
+  // The index of a tile's key is loaded two tiles ahead and turned into an offset one tile
+  // ahead (for the L2 prefetch), so no index load latency is waited for in the loop.
+  __device__ void run_segment(int seq, int L, int key_begin, int key_end) {
+    const int tiles = segment_tiles(p_, 0, tile_, L, key_begin, key_end);
+    if (tiles == 0) return;
+    auto slot_of_tile = [&](int i) {
+      const int key = key_begin + i * C::kKeys + key_;
+      return i < tiles && key < key_end ? listed_slot(p_, seq, key) : -1;
+    };
+    int64_t offset = slot_offset(p_, slot_of_tile(0));
+    int32_t next_slot = slot_of_tile(1);
+    RawSlab raw[kLookahead];
+#pragma unroll
+    for (int k = 0; k < kLookahead; ++k) raw[k] = load_slab(offset, k);
+    for (int i = 0; i < tiles; ++i) {
+      const int32_t after_slot = slot_of_tile(i + 2);  // first used in the next iteration
+      const int64_t next = slot_offset(p_, next_slot);
+      if (half_ == 0 && next >= 0) device::sm90::bulk_prefetch_l2(cache_ + next, kFp8TokenBytes);
+      fill_tile(i % C::kStages, offset, next, raw);
+      offset = next;
+      next_slot = after_slot;
+    }
+  }
+
+ private:
+  __device__ RawSlab load_slab(int64_t offset, int k) const {
+    if (offset < 0) return RawSlab{make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0), 0.f};
+    const uint8_t* token = cache_ + offset;
+    const uint4* src = reinterpret_cast<const uint4*>(token + k * C::kSlabCols + half_ * 32);
+    // A scale covers two slabs: the second read hits L1.
+    const float scale = __ldg(reinterpret_cast<const float*>(token + kFp8ScaleOffset) + k / 2);
+    return RawSlab{__ldg(src), __ldg(src + 1), scale};
+  }
+
+  // Fills the tile of `offset` into `stage`; on return raw holds the first slabs of the token
+  // at `next` (the next tile's key of this thread).
+  __device__ void fill_tile(int stage, int64_t offset, int64_t next, RawSlab (&raw)[kLookahead]) {
+    namespace dev = mlakit::device::sm90;
+    const bool valid = offset >= 0;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, valid);
+    const uint8_t* token = cache_ + (valid ? offset : 0);
+    dev::mbarrier_wait(&sm_.empty[stage], ((phases_ >> stage) & 1u) ^ 1u);
+    phases_ ^= 1u << stage;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int chunk = 4 * half_ + c;
+      device::cp_async_16_or_zero(&sm_.kv[stage][C::kNopeSlabs][key_ * 128 + ((chunk ^ (key_ & 7)) * 16)],
+                                  token + kFp8RopeOffset + chunk * 16, valid);
+    }
+    device::cp_async_mbarrier_arrive_noinc(&sm_.full[stage][C::kNopeSlabs]);
+    publish_valid_mask(sm_, stage, ballot);
+#pragma unroll
+    for (int k = 0; k < C::kNopeSlabs; ++k) {
+      // Slab k + kLookahead: of this tile, or of the next one.
+      const int ahead = k + kLookahead;
+      const RawSlab loaded = ahead < C::kNopeSlabs ? load_slab(offset, ahead) : load_slab(next, ahead - C::kNopeSlabs);
+      store_dequantized(stage, k, raw[0]);
+#pragma unroll
+      for (int j = 0; j + 1 < kLookahead; ++j) raw[j] = raw[j + 1];
+      raw[kLookahead - 1] = loaded;
+      dev::fence_proxy_async_smem();
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm_.full[stage][k]);
+    }
+  }
+
+  // The thread's 32 values of slab k, dequantized, into chunks 4 half .. 4 half + 3 of its
+  // key's swizzled row.
+  __device__ void store_dequantized(int stage, int k, const RawSlab& raw) {
+    const float scale = raw.scale;
+    uint8_t* row = &sm_.kv[stage][k][key_ * 128];
+    const int swizzle = key_ & 7, c0 = 4 * half_;
+    *reinterpret_cast<uint4*>(row + ((c0 ^ swizzle) * 16)) =
+        device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.x, raw.lo.y), scale);
+    *reinterpret_cast<uint4*>(row + (((c0 + 1) ^ swizzle) * 16)) =
+        device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.z, raw.lo.w), scale);
+    *reinterpret_cast<uint4*>(row + (((c0 + 2) ^ swizzle) * 16)) =
+        device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.x, raw.hi.y), scale);
+    *reinterpret_cast<uint4*>(row + (((c0 + 3) ^ swizzle) * 16)) =
+        device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.z, raw.hi.w), scale);
+  }
+
+  const MlaDecodeParams& p_;
+  Sm90DecodeSmem& sm_;
+  const uint8_t* cache_;
+  const int tile_, key_, half_;
+  uint32_t phases_ = 0;  // bit s: parity of stage s's current lap (kept across segments)
+};
+
+}  // namespace mlakit::detail::sm90

@@ -1,0 +1,23 @@
+// Launcher of the Hopper sparse FP8 decode (q and out bf16, SPEC 2), then the combine.
+#include <cuda_bf16.h>
+
+#include "kernels/portable/launch.h"
+#include "kernels/sm90/launch.h"
+#include "kernels/sm90/mla_sparse_decode_sm90_kernel.cuh"
+
+namespace mlakit::detail {
+
+cudaError_t launch_mla_sparse_decode_sm90(const MlaDecodeParams& params, cudaStream_t stream) {
+  using C = sm90::Sm90DecodeConfig;
+  auto kernel = &sm90::mla_sparse_decode_sm90_kernel;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSm90SmemBytes);
+  if (err != cudaSuccess) return err;
+  const int row_tiles = (params.rows + C::kRows - 1) / C::kRows;
+  dim3 grid(row_tiles, 1, params.num_parts);
+  kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch_mla_decode_combine<__nv_bfloat16>(params, stream);
+}
+
+}  // namespace mlakit::detail
