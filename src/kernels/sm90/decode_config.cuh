@@ -60,24 +60,22 @@ struct Sm90DecodeSmem {
   uint64_t full[C::kStages][C::kSlabs];  // per slab: S starts on the first slabs of a tile
   uint64_t empty[C::kStages];
   int stage_bad[C::kStages];
-  uint32_t key_valid[C::kStages][8];  // gathered tiles: valid-slot mask, word j = keys 8j.. (low 8 bits)
+  uint16_t key_valid[C::kStages][4];  // gathered tiles: valid-slot mask, 16 keys per producer warp
 };
 inline constexpr int kSm90SmemBytes = sizeof(Sm90DecodeSmem) + 1024;  // + alignment slack
 static_assert(kSm90SmemBytes <= 232448, "fits the 227 KB opt-in shared memory of sm90");
 
 // The CTA's shared memory (1024-aligned in the dynamic allocation) with its barriers set up by
 // thread 0 before a CTA-wide barrier: full[s][slab] expects full_count(slab) arrivals (1 for
-// TMA tiles, the gathering threads or warps for gathered ones), empty[s] empty_count (one per
-// consumer whose release the producer waits for: 2, or 4 when the tile is shared with a peer).
+// TMA tiles, the gathering threads for gathered ones), empty[s] one per consumer.
 template <typename FullCount>
-__device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, FullCount full_count,
-                                                               uint32_t empty_count = 2) {
+__device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, FullCount full_count) {
   using C = Sm90DecodeConfig;
   auto& sm = *reinterpret_cast<Sm90DecodeSmem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       for (int slab = 0; slab < C::kSlabs; ++slab) device::sm90::mbarrier_init(&sm.full[s][slab], full_count(slab));
-      device::sm90::mbarrier_init(&sm.empty[s], empty_count);
+      device::sm90::mbarrier_init(&sm.empty[s], 2);
       sm.stage_bad[s] = 0;
     }
     device::sm90::fence_mbarrier_init();

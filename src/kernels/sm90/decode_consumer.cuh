@@ -28,7 +28,6 @@
 
 #include "device/cp_async.cuh"
 #include "device/numeric.cuh"
-#include "device/sm90/cluster.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "kernels/sm90/decode_config.cuh"
@@ -41,11 +40,7 @@ namespace dev = mlakit::device::sm90;
 // valid-slot mask per tile; false for the paged dense decode (no mask code at all: registers
 // are tight). Scheduled sequence seq addresses q / out / lse through seq_offset (the sparse
 // decode schedules one sequence per (batch entry, query token)).
-//
-// kPeer: the tiles are shared with the other CTA of a 2-CTA cluster (the sparse FP8 decode's
-// crossover): its producer writes half of each tile here, so the full waits acquire at
-// cluster scope and a stage is released to both producers (empty counts 4).
-template <typename Elem, bool kGathered = false, bool kPeer = false>
+template <typename Elem, bool kGathered = false>
 class Sm90Consumer {
   using C = Sm90DecodeConfig;
   using Ops = device::ElemOps<Elem>;
@@ -206,7 +201,7 @@ class Sm90Consumer {
   __device__ void prepare_tile(int stage, int tile_start, int key_end) {
     const int valid_rows = min(C::kKeys, key_end - tile_start);
     if (valid_rows == C::kKeys) return;
-    for (int slab = 0; slab < C::kSlabs; ++slab) wait_full(stage, slab);
+    for (int slab = 0; slab < C::kSlabs; ++slab) dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
     const int tid = t_ % 128;
     const int chunks = (C::kKeys - valid_rows) * C::kNopeSlabs * 8;
     for (int c = tid; c < chunks; c += 128) {
@@ -217,18 +212,8 @@ class Sm90Consumer {
     dev::named_barrier_sync(C::kBarZeroed + w_, 128);
   }
 
-  __device__ void wait_full(int stage, int slab) {
-    if constexpr (kPeer) {
-      dev::mbarrier_wait_cluster(&sm_.full[stage][slab], phase_);
-    } else {
-      dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
-    }
-  }
-
   __device__ void release(int stage) {
-    if (t_ % 128 != 0) return;
-    dev::mbarrier_arrive(&sm_.empty[stage]);
-    if constexpr (kPeer) dev::mbarrier_arrive_remote(dev::peer_smem_address(&sm_.empty[stage], blockIdx.x ^ 1u));
+    if (t_ % 128 == 0) dev::mbarrier_arrive(&sm_.empty[stage]);
   }
 
   // Issues S = Q K^T of a stage's tile (64 x 64 over d_qk, K-major A and B, 128B swizzle,
@@ -241,7 +226,7 @@ class Sm90Consumer {
     dev::wgmma_fence();
 #pragma unroll
     for (int slab = 0; slab < C::kSlabs; ++slab) {
-      wait_full(stage, slab);
+      dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
       // cp.async (gathered tiles) writes through the generic proxy; wgmma reads through the
       // async one (TMA writes need no fence).
       if constexpr (kGathered) dev::fence_proxy_async_smem();
@@ -322,7 +307,10 @@ class Sm90Consumer {
   __device__ uint32_t gathered_mask(int stage) const {
     uint32_t bits = 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) bits |= ((sm_.key_valid[stage][j] >> (2 * (lane_ % 4))) & 3u) << (2 * j);
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t word = sm_.key_valid[stage][j / 2];  // keys 16 (j / 2) ..
+      bits |= ((word >> (8 * (j % 2) + 2 * (lane_ % 4))) & 3u) << (2 * j);
+    }
     return bits;
   }
 

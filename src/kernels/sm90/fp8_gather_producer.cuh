@@ -2,78 +2,63 @@
 // dense decode's 128B-swizzled 64-key bf16 tiles from the listed 656-byte FP8 tokens
 // (common/fp8_cache_row.h), so the consumers run unchanged apart from the valid-slot mask.
 //
-// Crossover (kShare = 2): the two CTAs of a cluster hold the two 64-row tiles of the same
-// (batch entry, query token), so they need the same K/V tiles. Each converts half of every
-// tile's keys (CTA rank r: keys 32r .. 32r + 31) and writes them into its own shared memory
-// and, with st.async, into its peer's, so the dequantization (the bottleneck: FP8 -> bf16
-// conversions run at a fraction of the tensor cores' rate) is done once per tile, not twice.
-// kShare = 1: one CTA per tile (h_q <= 64), all 64 keys here.
-//
-// Thread t serves key key0 + t / kThreadsPerKey and part t % kThreadsPerKey of its bytes. A
-// tile is produced as 10 units: NoPE slab k = 0..7 (the thread's e4m3 bytes of columns 64k..
-// and their scale, dequantized by device/fp8_convert.cuh, bit-identical to the reference)
-// and the bf16 RoPE in two halves (slab 8). Units are loaded into registers kLookahead units
-// ahead (so the loads of the next units, or of the next tile's first ones, are in flight
-// while one converts); they never touch shared memory unconverted, so the next tile's loads
-// need no free stage. After a slab's unit(s): fence (generic -> async proxy), __syncwarp, and
-// lane 0 of each warp arrives on full[stage][slab] (count 4). With a peer, warp 0's arrival
-// also expects the bytes the peer stores here (its st.async complete them), and a stage is
-// refilled only when the consumers of both CTAs have released it (empty counts 4).
-// An invalid slot (or a key past the segment) loads nothing: zeros, scale 0. Lane 0 writes
-// its warp's valid-slot mask word(s) before its slab-0 arrival (and st.asyncs a copy to the
-// peer, counted in the peer's slab-0 bytes).
+// Thread t serves key t / 2 of each tile and half t % 2 of its bytes. Per tile:
+//   - once the stage is free: cp.async of the token's bf16 RoPE straight into slab 8
+//     (swizzled), completing on full[stage][8] through cp.async.mbarrier.arrive.noinc;
+//   - slab k = 0..7: the thread's 32 e4m3 bytes of columns 64k + 32 half .. are already in
+//     registers with their scale (loaded kLookahead slabs ahead, so the loads of the next
+//     slabs, or of the next tile's first ones, are in flight while slab k converts); it
+//     dequantizes them (device/fp8_convert.cuh, bit-identical to the reference) into its 4
+//     chunks of the swizzled row, fences (generic -> async proxy), and lane 0 of each warp
+//     arrives on full[stage][k] after __syncwarp, so S starts on slab 0 while later slabs
+//     convert.
+// The raw bytes never touch shared memory, so the next tile's loads need no free stage. An
+// invalid slot (or a key past the segment) loads nothing: zeros, scale 0, zero-filled RoPE.
+// Lane 0 writes the warp's valid-slot mask before its slab-0 arrival, which releases it.
 // While tile i converts, the tokens of tile i + 1 are prefetched into L2 (one bulk prefetch
-// per token); the indices are read two tiles ahead.
+// per token), so its register loads hit L2; the indices are read two tiles ahead.
 #pragma once
 
 #include <cstdint>
 
 #include "common/fp8_cache_row.h"
+#include "device/cp_async.cuh"
 #include "device/fp8_convert.cuh"
-#include "device/sm90/cluster.cuh"
 #include "device/sm90/sync.cuh"
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/gather_producer.cuh"
 
 namespace mlakit::detail::sm90 {
 
-// Arrivals on every full[stage][slab]: one per producer warp.
-inline constexpr int kFp8FullCount = 4;
+// Arrivals on full[stage][slab]: one per producer warp on the dequantized slabs, one per
+// producer thread (cp.async) on the RoPE slab.
+__host__ __device__ constexpr int fp8_gathered_full_count(int slab) {
+  return slab < Sm90DecodeConfig::kNopeSlabs ? 4 : 128;
+}
 
-template <int kShare>
 class Fp8GatherProducer {
   using C = Sm90DecodeConfig;
-  static_assert(kShare == 1 || kShare == 2, "a tile is shared by one CTA or a cluster pair");
   static_assert(kFp8NopeDim == C::kNopeSlabs * C::kSlabCols, "one quantized slab per V slab");
   static_assert(kFp8Tile == 2 * C::kSlabCols, "a scale covers two slabs");
 
-  static constexpr int kKeysPerCta = C::kKeys / kShare;
-  static constexpr int kThreadsPerKey = 128 / kKeysPerCta;
-  static constexpr int kChunksPerThread = 8 / kThreadsPerKey;  // 16-byte bf16 chunks of a slab row
-  static constexpr int kRawWords = kChunksPerThread / 2;        // uint4 of raw bytes per unit
-  static constexpr int kUnits = C::kNopeSlabs + 2;              // NoPE slabs, RoPE halves
-  static constexpr int kLookahead = kShare == 2 ? 3 : 2;  // 15-18 registers of loads in flight
-  // Bytes a peer stores into each of this CTA's slabs (+ its 4 mask words on slab 0).
-  static constexpr uint32_t kPeerSlabBytes = kKeysPerCta * 128;
-  static constexpr uint32_t kPeerMaskBytes = 4 * 4;
+  // Slabs loaded ahead of the one being converted (registers: 9 per slab).
+  static constexpr int kLookahead = 2;
 
-  // One unit of one thread: raw e4m3 (NoPE) or bf16 (RoPE) bytes, and the NoPE scale.
-  struct Unit {
-    uint4 raw[kRawWords];
+  // The 32 e4m3 bytes of one thread in one slab, and their tile's scale.
+  struct RawSlab {
+    uint4 lo, hi;
     float scale;
   };
 
  public:
-  __device__ Fp8GatherProducer(const MlaDecodeParams& p, Sm90DecodeSmem& sm)
-      : p_(p), sm_(sm), cache_(static_cast<const uint8_t*>(p.kv)),
-        rank_(kShare == 2 ? static_cast<int>(blockIdx.x & 1u) : 0),
-        key_(rank_ * kKeysPerCta + static_cast<int>(threadIdx.x) / kThreadsPerKey),
-        part_(static_cast<int>(threadIdx.x) % kThreadsPerKey) {}
+  __device__ Fp8GatherProducer(const MlaDecodeParams& p, Sm90DecodeSmem& sm, int tile)
+      : p_(p), sm_(sm), cache_(static_cast<const uint8_t*>(p.kv)), tile_(tile), key_(threadIdx.x / 2),
+        half_(threadIdx.x % 2) {}
 
   // The index of a tile's key is loaded two tiles ahead and turned into an offset one tile
   // ahead (for the L2 prefetch), so no index load latency is waited for in the loop.
   __device__ void run_segment(int seq, int L, int key_begin, int key_end) {
-    const int tiles = segment_tiles(p_, 0, static_cast<int>(blockIdx.x), L, key_begin, key_end);
+    const int tiles = segment_tiles(p_, 0, tile_, L, key_begin, key_end);
     if (tiles == 0) return;
     auto slot_of_tile = [&](int i) {
       const int key = key_begin + i * C::kKeys + key_;
@@ -81,113 +66,81 @@ class Fp8GatherProducer {
     };
     int64_t offset = slot_offset(p_, slot_of_tile(0));
     int32_t next_slot = slot_of_tile(1);
-    Unit ahead[kLookahead];
+    RawSlab raw[kLookahead];
 #pragma unroll
-    for (int u = 0; u < kLookahead; ++u) ahead[u] = load_unit(offset, u);
+    for (int k = 0; k < kLookahead; ++k) raw[k] = load_slab(offset, k);
     for (int i = 0; i < tiles; ++i) {
       const int32_t after_slot = slot_of_tile(i + 2);  // first used in the next iteration
       const int64_t next = slot_offset(p_, next_slot);
-      if (part_ == 0 && next >= 0) device::sm90::bulk_prefetch_l2(cache_ + next, kFp8TokenBytes);
-      fill_tile(i % C::kStages, offset, next, ahead);
+      if (half_ == 0 && next >= 0) device::sm90::bulk_prefetch_l2(cache_ + next, kFp8TokenBytes);
+      fill_tile(i % C::kStages, offset, next, raw);
       offset = next;
       next_slot = after_slot;
     }
   }
 
  private:
-  __device__ Unit load_unit(int64_t offset, int u) const {
-    Unit unit;
-    unit.scale = 0.f;
-#pragma unroll
-    for (int w = 0; w < kRawWords; ++w) unit.raw[w] = make_uint4(0, 0, 0, 0);
-    if (offset < 0) return unit;
+  __device__ RawSlab load_slab(int64_t offset, int k) const {
+    if (offset < 0) return RawSlab{make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0), 0.f};
     const uint8_t* token = cache_ + offset;
-    const uint8_t* src;
-    if (u < C::kNopeSlabs) {
-      src = token + u * C::kSlabCols + part_ * (kRawWords * 16);
-      // A scale covers two slabs: the second read hits L1.
-      unit.scale = __ldg(reinterpret_cast<const float*>(token + kFp8ScaleOffset) + u / 2);
-    } else {
-      src = token + kFp8RopeOffset + (part_ * 2 + (u - C::kNopeSlabs)) * (kRawWords * 16);
-    }
-#pragma unroll
-    for (int w = 0; w < kRawWords; ++w) unit.raw[w] = __ldg(reinterpret_cast<const uint4*>(src) + w);
-    return unit;
+    const uint4* src = reinterpret_cast<const uint4*>(token + k * C::kSlabCols + half_ * 32);
+    // A scale covers two slabs: the second read hits L1.
+    const float scale = __ldg(reinterpret_cast<const float*>(token + kFp8ScaleOffset) + k / 2);
+    return RawSlab{__ldg(src), __ldg(src + 1), scale};
   }
 
-  // Fills the tile of `offset` into `stage`; on return `ahead` holds the first units of the
-  // token at `next` (the next tile's key of this thread).
-  __device__ void fill_tile(int stage, int64_t offset, int64_t next, Unit (&ahead)[kLookahead]) {
+  // Fills the tile of `offset` into `stage`; on return raw holds the first slabs of the token
+  // at `next` (the next tile's key of this thread).
+  __device__ void fill_tile(int stage, int64_t offset, int64_t next, RawSlab (&raw)[kLookahead]) {
     namespace dev = mlakit::device::sm90;
-    const uint32_t ballot = __ballot_sync(0xffffffffu, offset >= 0);
-    // With a peer, releases come from both CTAs' consumers: acquire at cluster scope.
-    if constexpr (kShare == 2) {
-      dev::mbarrier_wait_cluster(&sm_.empty[stage], ((phases_ >> stage) & 1u) ^ 1u);
-    } else {
-      dev::mbarrier_wait(&sm_.empty[stage], ((phases_ >> stage) & 1u) ^ 1u);
-    }
+    const bool valid = offset >= 0;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, valid);
+    const uint8_t* token = cache_ + (valid ? offset : 0);
+    dev::mbarrier_wait(&sm_.empty[stage], ((phases_ >> stage) & 1u) ^ 1u);
     phases_ ^= 1u << stage;
-    const int warp = static_cast<int>(threadIdx.x) / 32;
-    constexpr int kWordsPerWarp = 32 / kThreadsPerKey / 8;
-    const int first_word = rank_ * (kKeysPerCta / 8) + warp * kWordsPerWarp;
-    const uint32_t mask_word = publish_valid_mask(sm_, stage, ballot, kThreadsPerKey, first_word);
-    if (kShare == 2 && threadIdx.x % 32 == 0) {
-      dev::st_async_4(peer(&sm_.key_valid[stage][first_word]), mask_word, peer(&sm_.full[stage][0]));
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int chunk = 4 * half_ + c;
+      device::cp_async_16_or_zero(&sm_.kv[stage][C::kNopeSlabs][key_ * 128 + ((chunk ^ (key_ & 7)) * 16)],
+                                  token + kFp8RopeOffset + chunk * 16, valid);
     }
+    device::cp_async_mbarrier_arrive_noinc(&sm_.full[stage][C::kNopeSlabs]);
+    publish_valid_mask(sm_, stage, ballot);
 #pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
-      const int later = u + kLookahead;  // the unit loaded now: of this tile, or of the next one
-      const Unit loaded = later < kUnits ? load_unit(offset, later) : load_unit(next, later - kUnits);
-      store_unit(stage, u, ahead[0]);
+    for (int k = 0; k < C::kNopeSlabs; ++k) {
+      // Slab k + kLookahead: of this tile, or of the next one.
+      const int ahead = k + kLookahead;
+      const RawSlab loaded = ahead < C::kNopeSlabs ? load_slab(offset, ahead) : load_slab(next, ahead - C::kNopeSlabs);
+      store_dequantized(stage, k, raw[0]);
 #pragma unroll
-      for (int j = 0; j + 1 < kLookahead; ++j) ahead[j] = ahead[j + 1];
-      ahead[kLookahead - 1] = loaded;
-      if (u == C::kNopeSlabs) continue;  // the first RoPE half: slab 8 completes with the second
-      const int slab = u < C::kNopeSlabs ? u : C::kNopeSlabs;
+      for (int j = 0; j + 1 < kLookahead; ++j) raw[j] = raw[j + 1];
+      raw[kLookahead - 1] = loaded;
       dev::fence_proxy_async_smem();
       __syncwarp();
-      if (threadIdx.x % 32 == 0) {
-        if (kShare == 2 && warp == 0) {
-          dev::mbarrier_arrive_expect_tx(&sm_.full[stage][slab], kPeerSlabBytes + (slab == 0 ? kPeerMaskBytes : 0));
-        } else {
-          dev::mbarrier_arrive(&sm_.full[stage][slab]);
-        }
-      }
+      if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm_.full[stage][k]);
     }
   }
 
-  // Unit u of this thread into its chunks of its key's swizzled row (and the peer's copy).
-  __device__ void store_unit(int stage, int u, const Unit& unit) {
-    const bool nope = u < C::kNopeSlabs;
-    const int slab = nope ? u : C::kNopeSlabs;
-    // NoPE: the thread's kChunksPerThread chunks; RoPE: half of them per unit.
-    const int first_chunk = part_ * kChunksPerThread + (nope ? 0 : (u - C::kNopeSlabs) * kRawWords);
-    uint8_t* row = &sm_.kv[stage][slab][key_ * 128];
-#pragma unroll
-    for (int c = 0; c < (nope ? kChunksPerThread : kRawWords); ++c) {
-      uint4 v;
-      if (nope) {
-        const uint4& raw = unit.raw[c / 2];
-        v = device::dequantize_e4m3x8_bf16(c % 2 == 0 ? make_uint2(raw.x, raw.y) : make_uint2(raw.z, raw.w),
-                                           unit.scale);
-      } else {
-        v = unit.raw[c];
-      }
-      uint8_t* dst = row + (((first_chunk + c) ^ (key_ & 7)) * 16);
-      *reinterpret_cast<uint4*>(dst) = v;
-      if constexpr (kShare == 2) device::sm90::st_async_16(peer(dst), v, peer(&sm_.full[stage][slab]));
-    }
-  }
-
-  // The address of a variable of this CTA's shared memory in the peer CTA.
-  __device__ uint32_t peer(const void* local) const {
-    return device::sm90::peer_smem_address(local, static_cast<uint32_t>(rank_ ^ 1));
+  // The thread's 32 values of slab k, dequantized, into chunks 4 half .. 4 half + 3 of its
+  // key's swizzled row.
+  __device__ void store_dequantized(int stage, int k, const RawSlab& raw) {
+    const float scale = raw.scale;
+    uint8_t* row = &sm_.kv[stage][k][key_ * 128];
+    const int swizzle = key_ & 7, c0 = 4 * half_;
+    *reinterpret_cast<uint4*>(row + ((c0 ^ swizzle) * 16)) =
+        device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.x, raw.lo.y), scale);
+    *reinterpret_cast<uint4*>(row + (((c0 + 1) ^ swizzle) * 16)) =
+        device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.z, raw.lo.w), scale);
+    *reinterpret_cast<uint4*>(row + (((c0 + 2) ^ swizzle) * 16)) =
+        device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.x, raw.hi.y), scale);
+    *reinterpret_cast<uint4*>(row + (((c0 + 3) ^ swizzle) * 16)) =
+        device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.z, raw.hi.w), scale);
   }
 
   const MlaDecodeParams& p_;
   Sm90DecodeSmem& sm_;
   const uint8_t* cache_;
-  const int rank_, key_, part_;
+  const int tile_, key_, half_;
   uint32_t phases_ = 0;  // bit s: parity of stage s's current lap (kept across segments)
 };
 

@@ -28,23 +28,13 @@ __device__ __forceinline__ int64_t gathered_key_offset(const MlaDecodeParams& p,
   return key < key_end ? listed_key_offset(p, seq, key) : -1;
 }
 
-// The valid-slot mask words of a gathered tile from the producers' ballot of their keys, when
-// `lanes_per_key` consecutive lanes share a key: lane 0 of each warp writes the words (8 keys
-// each) of its warp's 32 / lanes_per_key keys, starting at word `first_word`, and returns the
-// first one (for a peer's copy).
-__device__ __forceinline__ uint32_t publish_valid_mask(Sm90DecodeSmem& sm, int stage, uint32_t ballot,
-                                                       int lanes_per_key, int first_word) {
-  uint32_t first = 0;
-  if (threadIdx.x % 32 == 0) {
-    const int keys = 32 / lanes_per_key;
-    for (int w = 0; w < keys / 8; ++w) {
-      uint32_t bits = 0;
-      for (int j = 0; j < 8; ++j) bits |= ((ballot >> (lanes_per_key * (8 * w + j))) & 1u) << j;
-      sm.key_valid[stage][first_word + w] = bits;
-      if (w == 0) first = bits;
-    }
-  }
-  return first;
+// The valid-slot mask of a gathered tile from the producers' ballot of their keys (thread t
+// holds key t / 2): lane 0 of each warp writes the 16 bits of its warp's keys.
+__device__ __forceinline__ void publish_valid_mask(Sm90DecodeSmem& sm, int stage, uint32_t ballot) {
+  if (threadIdx.x % 32 != 0) return;
+  uint32_t mask = 0;  // even lanes (half 0) carry keys 16 warp + j
+  for (int j = 0; j < 16; ++j) mask |= ((ballot >> (2 * j)) & 1u) << j;
+  sm.key_valid[stage][threadIdx.x / 32] = static_cast<uint16_t>(mask);
 }
 
 template <typename Elem>
@@ -64,7 +54,7 @@ __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int t
     const uint32_t ballot = __ballot_sync(0xffffffffu, valid);
     const Elem* row = kv + (valid ? offset : 0);
     dev::mbarrier_wait(&sm.empty[stage], ((phases >> stage) & 1u) ^ 1u);
-    publish_valid_mask(sm, stage, ballot, 2, 2 * (t / 32));
+    publish_valid_mask(sm, stage, ballot);
     uint8_t* dst_row = &sm.kv[stage][0][key_in_tile * 128];
 #pragma unroll
     for (int s = 0; s < C::kSlabs; ++s) {
