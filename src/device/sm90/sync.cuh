@@ -10,6 +10,13 @@ __device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
 
+// st.shared.v4.b32: 16 bytes to a shared-memory address (a plain C++ store through a pointer
+// the compiler cannot prove shared becomes a slower generic ST).
+__device__ __forceinline__ void st_shared_16(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // ---- mbarrier (PTX ISA 9.7.13.15) ----
 
 // mbarrier.init.shared::cta.b64: phase 0, `count` arrivals expected.

@@ -9,14 +9,17 @@
 //     registers with their scale (loaded kLookahead slabs ahead, so the loads of the next
 //     slabs, or of the next tile's first ones, are in flight while slab k converts); it
 //     dequantizes them (device/fp8_convert.cuh, bit-identical to the reference) into its 4
-//     chunks of the swizzled row, fences (generic -> async proxy), and lane 0 of each warp
-//     arrives on full[stage][k] after __syncwarp, so S starts on slab 0 while later slabs
-//     convert.
+//     chunks of the swizzled row (st.shared), and lane 0 of each warp arrives on
+//     full[stage][k] after __syncwarp, so S starts on slab 0 while later slabs convert. The
+//     generic -> async proxy fence is the consumers', after their wait: one here would be a
+//     MEMBAR that also waits for the loads in flight, undoing the lookahead.
 // The raw bytes never touch shared memory, so the next tile's loads need no free stage. An
 // invalid slot (or a key past the segment) loads nothing: zeros, scale 0, zero-filled RoPE.
 // Lane 0 writes the warp's valid-slot mask before its slab-0 arrival, which releases it.
 // While tile i converts, the tokens of tile i + 1 are prefetched into L2 (one bulk prefetch
-// per token), so its register loads hit L2; the indices are read two tiles ahead.
+// per token), each thread's bytes kL1Lookahead slabs ahead into L1, and the indices are read
+// two tiles ahead; all loads are branch-free (device/global_load.cuh) so none is waited for
+// before its data is converted.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,7 @@
 #include "common/fp8_cache_row.h"
 #include "device/cp_async.cuh"
 #include "device/fp8_convert.cuh"
+#include "device/global_load.cuh"
 #include "device/sm90/sync.cuh"
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/gather_producer.cuh"
@@ -42,7 +46,10 @@ class Fp8GatherProducer {
   static_assert(kFp8Tile == 2 * C::kSlabCols, "a scale covers two slabs");
 
   // Slabs loaded ahead of the one being converted (registers: 9 per slab).
-  static constexpr int kLookahead = 2;
+  static constexpr int kLookahead = 2;    // more spills
+  // Slabs prefetched into L1 ahead of the one converted (H100, b=128 h_q=128: 3 ahead 546 us,
+  // none 559 us, 5 ahead 544 us but slower at h_q=64 topk=16384).
+  static constexpr int kL1Lookahead = 3;
 
   // The 32 e4m3 bytes of one thread in one slab, and their tile's scale.
   struct RawSlab {
@@ -60,9 +67,10 @@ class Fp8GatherProducer {
   __device__ void run_segment(int seq, int L, int key_begin, int key_end) {
     const int tiles = segment_tiles(p_, 0, tile_, L, key_begin, key_end);
     if (tiles == 0) return;
+    const int32_t* listed = p_.indices + seq_offset(p_, seq, p_.indices_stride_b, p_.indices_stride_s);
     auto slot_of_tile = [&](int i) {
       const int key = key_begin + i * C::kKeys + key_;
-      return i < tiles && key < key_end ? listed_slot(p_, seq, key) : -1;
+      return device::load_s32_or(listed + key, i < tiles && key < key_end, -1);
     };
     int64_t offset = slot_offset(p_, slot_of_tile(0));
     int32_t next_slot = slot_of_tile(1);
@@ -80,13 +88,14 @@ class Fp8GatherProducer {
   }
 
  private:
+  // Branch-free (device/global_load.cuh): the loads stay in flight until the slab converts.
   __device__ RawSlab load_slab(int64_t offset, int k) const {
-    if (offset < 0) return RawSlab{make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0), 0.f};
-    const uint8_t* token = cache_ + offset;
-    const uint4* src = reinterpret_cast<const uint4*>(token + k * C::kSlabCols + half_ * 32);
+    const bool valid = offset >= 0;
+    const uint8_t* token = cache_ + (valid ? offset : 0);
+    const uint8_t* src = token + k * C::kSlabCols + half_ * 32;
     // A scale covers two slabs: the second read hits L1.
-    const float scale = __ldg(reinterpret_cast<const float*>(token + kFp8ScaleOffset) + k / 2);
-    return RawSlab{__ldg(src), __ldg(src + 1), scale};
+    return RawSlab{device::load_nc_16_or_zero(src, valid), device::load_nc_16_or_zero(src + 16, valid),
+                   device::load_nc_f32_or_zero(token + kFp8ScaleOffset + 4 * (k / 2), valid)};
   }
 
   // Fills the tile of `offset` into `stage`; on return raw holds the first slabs of the token
@@ -111,11 +120,15 @@ class Fp8GatherProducer {
       // Slab k + kLookahead: of this tile, or of the next one.
       const int ahead = k + kLookahead;
       const RawSlab loaded = ahead < C::kNopeSlabs ? load_slab(offset, ahead) : load_slab(next, ahead - C::kNopeSlabs);
+      const int far = k + kL1Lookahead;  // into L1, so its register load is an L1 hit
+      const int64_t far_offset = far < C::kNopeSlabs ? offset : next;
+      if (far_offset >= 0) device::prefetch_l1(cache_ + far_offset + (far % C::kNopeSlabs) * C::kSlabCols + half_ * 32);
       store_dequantized(stage, k, raw[0]);
 #pragma unroll
       for (int j = 0; j + 1 < kLookahead; ++j) raw[j] = raw[j + 1];
       raw[kLookahead - 1] = loaded;
-      dev::fence_proxy_async_smem();
+      // No proxy fence here: it would also wait for the loads in flight (MEMBAR); the
+      // consumers fence after their wait (acquire), before wgmma reads the slab.
       __syncwarp();
       if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm_.full[stage][k]);
     }
@@ -124,17 +137,16 @@ class Fp8GatherProducer {
   // The thread's 32 values of slab k, dequantized, into chunks 4 half .. 4 half + 3 of its
   // key's swizzled row.
   __device__ void store_dequantized(int stage, int k, const RawSlab& raw) {
-    const float scale = raw.scale;
-    uint8_t* row = &sm_.kv[stage][k][key_ * 128];
+    namespace dev = mlakit::device::sm90;
+    const uint32_t row = dev::smem_u32(&sm_.kv[stage][k][key_ * 128]);
     const int swizzle = key_ & 7, c0 = 4 * half_;
-    *reinterpret_cast<uint4*>(row + ((c0 ^ swizzle) * 16)) =
-        device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.x, raw.lo.y), scale);
-    *reinterpret_cast<uint4*>(row + (((c0 + 1) ^ swizzle) * 16)) =
-        device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.z, raw.lo.w), scale);
-    *reinterpret_cast<uint4*>(row + (((c0 + 2) ^ swizzle) * 16)) =
-        device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.x, raw.hi.y), scale);
-    *reinterpret_cast<uint4*>(row + (((c0 + 3) ^ swizzle) * 16)) =
-        device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.z, raw.hi.w), scale);
+    dev::st_shared_16(row + ((c0 ^ swizzle) * 16), device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.x, raw.lo.y), raw.scale));
+    dev::st_shared_16(row + (((c0 + 1) ^ swizzle) * 16),
+                      device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.z, raw.lo.w), raw.scale));
+    dev::st_shared_16(row + (((c0 + 2) ^ swizzle) * 16),
+                      device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.x, raw.hi.y), raw.scale));
+    dev::st_shared_16(row + (((c0 + 3) ^ swizzle) * 16),
+                      device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.z, raw.hi.w), raw.scale));
   }
 
   const MlaDecodeParams& p_;
