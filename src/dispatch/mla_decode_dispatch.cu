@@ -42,35 +42,46 @@ Status dispatch_sparse_decode_plan(const MlaDecodePlan& plan, const SeqLengths& 
                          region<PartRange>(plan, plan.part_ranges_offset), stream));
 }
 
+// What every planned launch takes from its plan: the workspace regions (schedule, partial
+// results) and the schedule's shape.
+static void attach_plan(const MlaDecodePlan& plan, MlaDecodeParams* p) {
+  p->part_ranges = region<const PartRange>(plan, plan.part_ranges_offset);
+  p->split_prefix = region<const int32_t>(plan, plan.split_prefix_offset);
+  p->partial_prefix = region<const int32_t>(plan, plan.partial_prefix_offset);
+  p->partial_out = region<float>(plan, plan.partial_out_offset);
+  p->partial_lse = region<float>(plan, plan.partial_lse_offset);
+  p->block_n = plan.block_n;
+  p->num_parts = plan.num_parts;
+}
+
+// q / out [b, s_q, h_q, d] and lse [b, h_q, s_q], as both decodes take them.
+static void attach_io(const TensorRef& q, const TensorRef& out, const TensorRef& lse, MlaDecodeParams* p) {
+  p->q = q.data;
+  p->out = out.data;
+  p->lse = static_cast<float*>(lse.data);
+  p->q_stride_b = q.stride[0];
+  p->q_stride_s = q.stride[1];
+  p->q_stride_h = q.stride[2];
+  p->out_stride_b = out.stride[0];
+  p->out_stride_s = out.stride[1];
+  p->out_stride_h = out.stride[2];
+  p->lse_stride_b = lse.stride[0];
+  p->lse_stride_h = lse.stride[1];
+  p->lse_stride_s = lse.stride[2];
+}
+
 // Kernel parameters of validated arguments and their plan.
 static MlaDecodeParams make_decode_params(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float softmax_scale) {
   const MlaDecodeProblem& pr = plan.problem;
   const int heads_per_kv = pr.h_q / pr.h_kv;
-  return MlaDecodeParams{
-      .q = a.q.data,
+  MlaDecodeParams p{
       .kv = a.kv_cache.data,
       .block_table = static_cast<const int32_t*>(a.block_table.data),
       .lengths = dense_lengths(static_cast<const int32_t*>(a.cache_seqlens.data)),
-      .out = a.out.data,
-      .lse = static_cast<float*>(a.lse.data),
-      .part_ranges = region<const PartRange>(plan, plan.part_ranges_offset),
-      .split_prefix = region<const int32_t>(plan, plan.split_prefix_offset),
-      .partial_prefix = region<const int32_t>(plan, plan.partial_prefix_offset),
-      .partial_out = region<float>(plan, plan.partial_out_offset),
-      .partial_lse = region<float>(plan, plan.partial_lse_offset),
-      .q_stride_b = a.q.stride[0],
-      .q_stride_s = a.q.stride[1],
-      .q_stride_h = a.q.stride[2],
       .kv_stride_block = a.kv_cache.stride[0],
       .kv_stride_page = a.kv_cache.stride[1],
       .kv_stride_h = a.kv_cache.stride[2],
       .block_table_stride_b = a.block_table.stride[0],
-      .out_stride_b = a.out.stride[0],
-      .out_stride_s = a.out.stride[1],
-      .out_stride_h = a.out.stride[2],
-      .lse_stride_b = a.lse.stride[0],
-      .lse_stride_h = a.lse.stride[1],
-      .lse_stride_s = a.lse.stride[2],
       .b = pr.b,
       .s_q = pr.s_q,
       .h_q = pr.h_q,
@@ -80,16 +91,13 @@ static MlaDecodeParams make_decode_params(const MlaDecodeArgs& a, const MlaDecod
       .page_size = static_cast<int>(a.kv_cache.shape[1]),
       .num_blocks = a.kv_cache.shape[0],
       .max_blocks_per_seq = static_cast<int>(a.block_table.shape[1]),
-      .block_n = plan.block_n,
-      .num_parts = plan.num_parts,
       .scale_log2 = softmax_scale * 1.4426950408889634f,
       .causal = a.causal && pr.s_q > 1,
       .seq_divisor = 1,
-      .indices = nullptr,
-      .indices_stride_b = 0,
-      .indices_stride_s = 0,
-      .attn_sink = nullptr,
   };
+  attach_plan(plan, &p);
+  attach_io(a.q, a.out, a.lse, &p);
+  return p;
 }
 
 Status dispatch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float softmax_scale,
@@ -118,31 +126,11 @@ Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodeP
                                   float softmax_scale, cudaStream_t stream) {
   // One scheduled sequence per (batch entry, query token): rows = the h_q heads of one token.
   const MlaDecodeProblem& pr = plan.problem;
-  const MlaDecodeParams params{
-      .q = a.q.data,
+  MlaDecodeParams params{
       .kv = a.kv_cache.data,
-      .block_table = nullptr,
       .lengths = lengths,
-      .out = a.out.data,
-      .lse = static_cast<float*>(a.lse.data),
-      .part_ranges = region<const PartRange>(plan, plan.part_ranges_offset),
-      .split_prefix = region<const int32_t>(plan, plan.split_prefix_offset),
-      .partial_prefix = region<const int32_t>(plan, plan.partial_prefix_offset),
-      .partial_out = region<float>(plan, plan.partial_out_offset),
-      .partial_lse = region<float>(plan, plan.partial_lse_offset),
-      .q_stride_b = a.q.stride[0],
-      .q_stride_s = a.q.stride[1],
-      .q_stride_h = a.q.stride[2],
       .kv_stride_block = a.kv_cache.stride[0],
       .kv_stride_page = a.kv_cache.stride[1],
-      .kv_stride_h = 0,
-      .block_table_stride_b = 0,
-      .out_stride_b = a.out.stride[0],
-      .out_stride_s = a.out.stride[1],
-      .out_stride_h = a.out.stride[2],
-      .lse_stride_b = a.lse.stride[0],
-      .lse_stride_h = a.lse.stride[1],
-      .lse_stride_s = a.lse.stride[2],
       .b = pr.b,
       .s_q = 1,
       .h_q = pr.h_q,
@@ -151,9 +139,6 @@ Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodeP
       .rows = pr.h_q,
       .page_size = static_cast<int>(a.kv_cache.shape[1]),
       .num_blocks = a.kv_cache.shape[0],
-      .max_blocks_per_seq = 0,
-      .block_n = plan.block_n,
-      .num_parts = plan.num_parts,
       .scale_log2 = softmax_scale * 1.4426950408889634f,
       .causal = false,
       .seq_divisor = static_cast<int>(a.q.shape[1]),
@@ -162,6 +147,8 @@ Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodeP
       .indices_stride_s = a.indices.stride[1],
       .attn_sink = a.attn_sink.empty() ? nullptr : static_cast<const float*>(a.attn_sink.data),
   };
+  attach_plan(plan, &params);
+  attach_io(a.q, a.out, a.lse, &params);
   // The plan's kernel: its layout (rows per tile, parts) was made for that kernel.
   return cuda_status("mla_sparse_decode_fp8", plan.kernel == MlaDecodeKernel::kSm90
                                                   ? launch_mla_sparse_decode_sm90(params, stream)

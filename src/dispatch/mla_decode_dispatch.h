@@ -17,7 +17,7 @@ Status dispatch_mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan,
                            float softmax_scale, cudaStream_t stream);
 
 // Sparse FP8 decode: plan over (batch, query token) sequences of length topk_length / topk,
-// then the portable kernel in its sparse mode + combine.
+// then the plan's kernel (Hopper or portable) + combine.
 Status dispatch_sparse_decode_plan(const MlaDecodePlan& plan, const SeqLengths& lengths, cudaStream_t stream);
 Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& args, const MlaDecodePlan& plan, const SeqLengths& lengths,
                                   float softmax_scale, cudaStream_t stream);
