@@ -9,6 +9,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
+# Pass MLAKIT_COMMIT=<hash> from the development machine: the git metadata that reaches the GPU
+# machine can be stale (a run labelled itself with an older commit).
 export MLAKIT_COMMIT="${MLAKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 run_tests=1
 run_bench=1
