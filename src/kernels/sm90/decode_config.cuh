@@ -38,6 +38,10 @@ struct Sm90DecodeConfig {
   static constexpr uint32_t kBarZeroed = 4;     // + w: one consumer's zeroed cache rows
   static constexpr uint32_t kBarGatherers = 6;  // the 128 threads of the gathering producer
 
+  // The halves of a stage that are released separately (Sm90DecodeSmem::empty).
+  static constexpr int kLowSlabs = 0;   // V slabs 0..3: consumer 0's P·V columns
+  static constexpr int kHighSlabs = 1;  // V slabs 4..7 and slab 8 (RoPE, then P)
+  static constexpr int kFirstHighSlab = 4;
   static_assert(kRows == 64, "one wgmma M per CTA");
   static_assert(kSlabs * kSlabCols == kDqk && kNopeSlabs == 8, "V = slabs 0..7, RoPE = slab 8");
   static_assert(kRows * kKeys * 2 == kSlabBytes, "a P tile fits the RoPE slab it replaces");
@@ -58,16 +62,33 @@ struct Sm90DecodeSmem {
   float row_max[2][C::kRows];    // running max after tile A / after tile B
   float row_sum[2][C::kRows];
   uint64_t full[C::kStages][C::kSlabs];  // per slab: S starts on the first slabs of a tile
-  uint64_t empty[C::kStages];
+  // Per stage, two halves released separately: [kLowSlabs] = V slabs 0..3, [kHighSlabs] =
+  // slabs 4..8 (empty_count() says who releases what), so a producer refills slabs 0..3 of
+  // tile A while consumer 1 still reads slabs 4..8.
+  uint64_t empty[C::kStages][2];
   int stage_bad[C::kStages];
   uint16_t key_valid[C::kStages][4];  // gathered tiles: valid-slot mask, 16 keys per producer warp
 };
 inline constexpr int kSm90SmemBytes = sizeof(Sm90DecodeSmem) + 1024;  // + alignment slack
 static_assert(kSm90SmemBytes <= 232448, "fits the 227 KB opt-in shared memory of sm90");
 
+// Arrivals that free a half of a stage: the last readers of its slabs (decode_consumer.cuh).
+//   stage 0 (tile A): slabs 0..3: consumer 0 (S_A, P_A V_A,0);  slabs 4..8: consumer 0
+//     (S_A) and consumer 1 (P_A V_A,1, reading P_A from slab 8).
+//   stage 1 (tile B): slabs 0..3: consumer 1 (S_B) and consumer 0 (P_B V_B,0); slabs 4..8:
+//     consumer 1 (S_B, P_B V_B,1) and consumer 0 (P_B V_B,0 reads P_B from slab 8).
+__host__ __device__ constexpr uint32_t empty_count(int stage, int half) {
+  return stage == 0 && half == Sm90DecodeConfig::kLowSlabs ? 1 : 2;
+}
+
+// The half of a stage slab `slab` belongs to.
+__host__ __device__ constexpr int slab_half(int slab) {
+  return slab < Sm90DecodeConfig::kFirstHighSlab ? Sm90DecodeConfig::kLowSlabs : Sm90DecodeConfig::kHighSlabs;
+}
+
 // The CTA's shared memory (1024-aligned in the dynamic allocation) with its barriers set up by
 // thread 0 before a CTA-wide barrier: full[s][slab] expects full_count(slab) arrivals (1 for
-// TMA tiles, the gathering threads for gathered ones), empty[s] one per consumer.
+// TMA tiles, the gathering threads for gathered ones), empty[s][half] empty_count(s, half).
 template <typename FullCount>
 __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, FullCount full_count) {
   using C = Sm90DecodeConfig;
@@ -75,7 +96,7 @@ __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, Ful
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       for (int slab = 0; slab < C::kSlabs; ++slab) device::sm90::mbarrier_init(&sm.full[s][slab], full_count(slab));
-      device::sm90::mbarrier_init(&sm.empty[s], 2);
+      for (int half = 0; half < 2; ++half) device::sm90::mbarrier_init(&sm.empty[s][half], empty_count(s, half));
       sm.stage_bad[s] = 0;
     }
     device::sm90::fence_mbarrier_init();

@@ -18,9 +18,10 @@
 // just Q and two cache tiles.
 //
 // Hand-offs: kBarP0Ready / kBarP1Ready (bar.arrive by the publisher after its P tile, row max
-// and fence.proxy.async; bar.sync by the other consumer). A stage is released (empty[s], one
-// arrival per consumer) after the last wgmma reading it; the P tile in its RoPE slab is
-// recycled with the stage.
+// and fence.proxy.async; bar.sync by the other consumer). A stage is released in two halves
+// (empty[s][half]: V slabs 0..3, and slabs 4..8), each by its last readers after their last
+// wgmma reading it, so the producer refills the first half of tile A while consumer 1 is still
+// on the second; the P tile in the RoPE slab is recycled with the second half.
 #pragma once
 
 #include <cmath>
@@ -83,6 +84,7 @@ class Sm90Consumer {
     bad_ |= issue_scores(s, 0, start_a, key_end);
     dev::wgmma_wait<0>();  // S_A, and the previous pair's P_B V_B,0
     dev::fence_registers(s);
+    release(0, C::kHighSlabs);  // S_A was this consumer's last read of slabs 4..8 of stage 0
     float m_a[2], sum_a[2];
     softmax(s, start_a, m_a, sum_a);
     publish(s, m_a, C::kBarP0Ready);
@@ -100,17 +102,20 @@ class Sm90Consumer {
       dev::wgmma_wait<0>();
       dev::fence_registers(o_);
       dev::fence_registers(frag);
-      release(0);
+      release(0, C::kLowSlabs);
       rescale(m_b);
       issue_values_ss(sm_.kv[1][C::kNopeSlabs], 1);
     } else {
       dev::wgmma_wait<0>();
       dev::fence_registers(frag);
-      release(0);
+      release(0, C::kLowSlabs);
     }
     dev::wgmma_wait<0>();
     dev::fence_registers(o_);
-    if (has_b) release(1);
+    if (has_b) {
+      release(1, C::kLowSlabs);
+      release(1, C::kHighSlabs);  // P_B was read from slab 8
+    }
   }
 
   __device__ void pair_consumer1(int start_a, bool has_b, int key_end) {
@@ -121,7 +126,7 @@ class Sm90Consumer {
       issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
       dev::wgmma_wait<0>();
       dev::fence_registers(o_);
-      release(0);
+      release(0, C::kHighSlabs);
       return;
     }
     const int start_b = start_a + C::kKeys;
@@ -133,6 +138,7 @@ class Sm90Consumer {
     // otherwise), so S_B is waited for first; it was issued long before.
     dev::wgmma_wait<0>();
     dev::fence_registers(s);
+    release(1, C::kLowSlabs);  // S_B was this consumer's last read of slabs 0..3 of stage 1
     rescale(m_a);
     issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
     float m_b[2], sum_b[2];
@@ -140,7 +146,7 @@ class Sm90Consumer {
     publish(s, m_b, C::kBarP1Ready);
     dev::wgmma_wait<0>();
     dev::fence_registers(o_);
-    release(0);
+    release(0, C::kHighSlabs);
     rescale(m_b);
     add_sums(sum_b);
     uint32_t frag[C::kPvSteps][4];
@@ -149,7 +155,7 @@ class Sm90Consumer {
     dev::wgmma_wait<0>();
     dev::fence_registers(o_);
     dev::fence_registers(frag);
-    release(1);
+    release(1, C::kHighSlabs);
   }
 
   // Consumer 1's side of the tile-A hand-off: P_A is in shared memory, m_A returned.
@@ -212,8 +218,10 @@ class Sm90Consumer {
     dev::named_barrier_sync(C::kBarZeroed + w_, 128);
   }
 
-  __device__ void release(int stage) {
-    if (t_ % 128 == 0) dev::mbarrier_arrive(&sm_.empty[stage]);
+  // One arrival on a half of a stage (empty_count in decode_config.cuh lists them), once this
+  // consumer's wgmma reads of those slabs have completed.
+  __device__ void release(int stage, int half) {
+    if (t_ % 128 == 0) dev::mbarrier_arrive(&sm_.empty[stage][half]);
   }
 
   // Issues S = Q K^T of a stage's tile (64 x 64 over d_qk, K-major A and B, 128B swizzle,

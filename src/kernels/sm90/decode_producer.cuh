@@ -36,25 +36,32 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
         valid = !bad;
       }
       const bool any_bad = __any_sync(0xffffffffu, bad);
-      dev::mbarrier_wait(&sm.empty[stage], ((phases >> stage) & 1u) ^ 1u);
-      // Each lane issues its own box (16-row pages: 4 lanes at once).
-      // Slab-major, each slab on its own barrier: the consumer starts S on slab 0 while the
-      // later slabs are still in flight.
-      if (valid) {
-        const int row_in_page = key0 % p.page_size;
-#pragma unroll
-        for (int s = 0; s < C::kSlabs; ++s) {
-          dev::mbarrier_expect_tx(&sm.full[stage][s], box_bytes);
-          dev::tma_load_4d(&sm.kv[stage][s][lane * box_rows * 128], &kv_map, &sm.full[stage][s], s * C::kSlabCols,
-                           hk, row_in_page, block);
+      // Each lane issues its own box (16-row pages: 4 lanes at once), slab-major, each slab
+      // on its own barrier: the consumer starts S on slab 0 while the later slabs are still in
+      // flight. Slabs 0..3 go as soon as their half of the stage is free, 4..8 after the other.
+      const uint32_t parity = ((phases >> stage) & 1u) ^ 1u;
+      const int row_in_page = valid ? key0 % p.page_size : 0;
+      auto load_slabs = [&](int first, int end) {
+        if (valid) {
+          for (int s = first; s < end; ++s) {
+            dev::mbarrier_expect_tx(&sm.full[stage][s], box_bytes);
+            dev::tma_load_4d(&sm.kv[stage][s][lane * box_rows * 128], &kv_map, &sm.full[stage][s], s * C::kSlabCols,
+                             hk, row_in_page, block);
+          }
         }
-      }
-      __syncwarp();  // every expect_tx before the arrive that can complete the phase
+        __syncwarp();  // every expect_tx before the arrive that can complete the phase
+      };
+      dev::mbarrier_wait(&sm.empty[stage][C::kLowSlabs], parity);
+      load_slabs(0, C::kFirstHighSlab);
       if (lane == 0) {
+        for (int s = 0; s < C::kFirstHighSlab; ++s) dev::mbarrier_arrive(&sm.full[stage][s]);
+      }
+      dev::mbarrier_wait(&sm.empty[stage][C::kHighSlabs], parity);
+      load_slabs(C::kFirstHighSlab, C::kSlabs);
+      if (lane == 0) {
+        // The consumers read the flag after their wait on slab 8 (release by this arrive).
         sm.stage_bad[stage] = any_bad ? 1 : 0;
-        // release: the flag is visible to the waiters of any slab
-#pragma unroll
-        for (int s = 0; s < C::kSlabs; ++s) dev::mbarrier_arrive(&sm.full[stage][s]);
+        for (int s = C::kFirstHighSlab; s < C::kSlabs; ++s) dev::mbarrier_arrive(&sm.full[stage][s]);
       }
       phases ^= 1u << stage;
     }

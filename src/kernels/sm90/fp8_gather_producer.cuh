@@ -2,9 +2,10 @@
 // dense decode's 128B-swizzled 64-key bf16 tiles from the listed 656-byte FP8 tokens
 // (common/fp8_cache_row.h), so the consumers run unchanged apart from the valid-slot mask.
 //
-// Thread t serves key t / 2 of each tile and half t % 2 of its bytes. Per tile:
-//   - once the stage is free: cp.async of the token's bf16 RoPE straight into slab 8
-//     (swizzled), completing on full[stage][8] through cp.async.mbarrier.arrive.noinc;
+// Thread t serves key t / 2 of each tile and half t % 2 of its bytes. Per tile (slabs 0..3
+// once the stage's low half is free, the rest once its high half is: decode_config.cuh):
+//   - cp.async of the token's bf16 RoPE straight into slab 8 (swizzled), completing on
+//     full[stage][8] through cp.async.mbarrier.arrive.noinc;
 //   - slab k = 0..7: the thread's 32 e4m3 bytes of columns 64k + 32 half .. are already in
 //     registers with their scale (loaded kLookahead slabs ahead, so the loads of the next
 //     slabs, or of the next tile's first ones, are in flight while slab k converts); it
@@ -104,19 +105,24 @@ class Fp8GatherProducer {
     namespace dev = mlakit::device::sm90;
     const bool valid = offset >= 0;
     const uint32_t ballot = __ballot_sync(0xffffffffu, valid);
-    const uint8_t* token = cache_ + (valid ? offset : 0);
-    dev::mbarrier_wait(&sm_.empty[stage], ((phases_ >> stage) & 1u) ^ 1u);
+    const uint32_t parity = ((phases_ >> stage) & 1u) ^ 1u;
     phases_ ^= 1u << stage;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int chunk = 4 * half_ + c;
-      device::cp_async_16_or_zero(&sm_.kv[stage][C::kNopeSlabs][key_ * 128 + ((chunk ^ (key_ & 7)) * 16)],
-                                  token + kFp8RopeOffset + chunk * 16, valid);
-    }
-    device::cp_async_mbarrier_arrive_noinc(&sm_.full[stage][C::kNopeSlabs]);
-    publish_valid_mask(sm_, stage, ballot);
+    dev::mbarrier_wait(&sm_.empty[stage][C::kLowSlabs], parity);
+    publish_valid_mask(sm_, stage, ballot);  // read before the low half's release, too
 #pragma unroll
     for (int k = 0; k < C::kNopeSlabs; ++k) {
+      if (k == C::kFirstHighSlab) {
+        // The stage's other half (slabs 4..8) is free too: RoPE first (slab 8, by cp.async).
+        dev::mbarrier_wait(&sm_.empty[stage][C::kHighSlabs], parity);
+        const uint8_t* token = cache_ + (valid ? offset : 0);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int chunk = 4 * half_ + c;
+          device::cp_async_16_or_zero(&sm_.kv[stage][C::kNopeSlabs][key_ * 128 + ((chunk ^ (key_ & 7)) * 16)],
+                                      token + kFp8RopeOffset + chunk * 16, valid);
+        }
+        device::cp_async_mbarrier_arrive_noinc(&sm_.full[stage][C::kNopeSlabs]);
+      }
       // Slab k + kLookahead: of this tile, or of the next one.
       const int ahead = k + kLookahead;
       const RawSlab loaded = ahead < C::kNopeSlabs ? load_slab(offset, ahead) : load_slab(next, ahead - C::kNopeSlabs);

@@ -53,11 +53,14 @@ __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int t
     const bool valid = offset >= 0;
     const uint32_t ballot = __ballot_sync(0xffffffffu, valid);
     const Elem* row = kv + (valid ? offset : 0);
-    dev::mbarrier_wait(&sm.empty[stage], ((phases >> stage) & 1u) ^ 1u);
-    publish_valid_mask(sm, stage, ballot);
+    const uint32_t parity = ((phases >> stage) & 1u) ^ 1u;
+    dev::mbarrier_wait(&sm.empty[stage][C::kLowSlabs], parity);
+    publish_valid_mask(sm, stage, ballot);  // read before the low half's release, too
     uint8_t* dst_row = &sm.kv[stage][0][key_in_tile * 128];
 #pragma unroll
     for (int s = 0; s < C::kSlabs; ++s) {
+      // Slabs 4..8 once the stage's other half is free too.
+      if (s == C::kFirstHighSlab) dev::mbarrier_wait(&sm.empty[stage][C::kHighSlabs], parity);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int chunk = 4 * half + c;

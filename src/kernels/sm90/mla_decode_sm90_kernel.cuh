@@ -11,9 +11,10 @@
 //                computing S of its own tile and P·V of both tiles for its half of the
 //                output columns; setmaxnreg.inc.
 // Barrier protocol: full[s][slab] (count 1: producer arrive + TMA bytes via expect_tx per box),
-// empty[s] (count 2: one thread per consumer after its last wgmma reading stage s). The
-// consumer of stage s waits full[s][*] with parity starting at 0, the producer waits empty[s]
-// with parity starting at 1 (first lap passes). Shared-memory map: decode_config.cuh.
+// empty[s][half] (V slabs 0..3 / slabs 4..8, one arrival per last reader after its last wgmma
+// reading that half: empty_count in decode_config.cuh). The consumer of stage s waits
+// full[s][*] with parity starting at 0, the producer waits empty[s][*] with parity starting at
+// 1 (first lap passes). Shared-memory map: decode_config.cuh.
 #pragma once
 
 #include <cuda.h>
