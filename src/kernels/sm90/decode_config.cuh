@@ -81,11 +81,6 @@ __host__ __device__ constexpr uint32_t empty_count(int stage, int half) {
   return stage == 0 && half == Sm90DecodeConfig::kLowSlabs ? 1 : 2;
 }
 
-// The half of a stage slab `slab` belongs to.
-__host__ __device__ constexpr int slab_half(int slab) {
-  return slab < Sm90DecodeConfig::kFirstHighSlab ? Sm90DecodeConfig::kLowSlabs : Sm90DecodeConfig::kHighSlabs;
-}
-
 // The CTA's shared memory (1024-aligned in the dynamic allocation) with its barriers set up by
 // thread 0 before a CTA-wide barrier: full[s][slab] expects full_count(slab) arrivals (1 for
 // TMA tiles, the gathering threads for gathered ones), empty[s][half] empty_count(s, half).
