@@ -299,7 +299,7 @@ int run(const Options& opt) {
         .number("bytes", r.bytes)
         .number("tflops", r.tflops)
         .number("gbps", r.gbps)
-        .text("kernel", "portable")
+        .text("kernel", r.kernel)
         .number("copy_gbps", copy.gbps)
         .number("baseline_us", sc.flashmla_h100_us)
         .text("baseline", "FlashMLA H100 (PERF.md, fixed)")

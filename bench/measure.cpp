@@ -9,6 +9,8 @@
 #include "bench/check.h"
 #include "support/gpu_timing.h"
 #include "dispatch/mla_decode_dispatch.h"
+#include "host/decode_layout.h"
+#include "host/device.h"
 #include "mlakit/mla_decode.h"
 #include "support/decode_case.h"
 
@@ -21,17 +23,6 @@ constexpr uint64_t kTableSeed = 7;
 constexpr uint64_t kQuerySeed = 11;
 constexpr uint64_t kCacheSeed = 13;
 
-const char* kernel_name(MlaDecodeKernel kernel) {
-  switch (kernel) {
-    case MlaDecodeKernel::kPortable:
-      return "portable";
-    case MlaDecodeKernel::kSm90:
-      return "sm90";
-    case MlaDecodeKernel::kAuto:
-      break;
-  }
-  return "unknown";
-}
 
 // The case's shape, lengths and block table without q and cache data: those are generated
 // on the device. support::decode_flops/decode_bytes and HostDecodeCase::args read only
@@ -78,6 +69,16 @@ void copy_to_device(const DeviceBuffer& dst, const std::vector<T>& src, cudaStre
 }
 
 }  // namespace
+
+std::string kernel_name(MlaDecodeKernel requested) {
+  detail::DeviceInfo device;
+  detail::DecodeKernelTraits traits{};
+  if (!detail::current_device_info(&device).is_ok() ||
+      !detail::select_decode_kernel("bench", device, requested, &traits).is_ok()) {
+    return "unknown";
+  }
+  return traits.kernel == MlaDecodeKernel::kSm90 ? "sm90" : "portable";
+}
 
 CopyResult measure_copy_bandwidth(const RunSettings& s) {
   DeviceBuffer src(kCopyBytes), dst(kCopyBytes);

@@ -33,6 +33,10 @@ struct CopyResult {
 inline constexpr std::size_t kCopyBytes = std::size_t{1} << 30;
 CopyResult measure_copy_bandwidth(const RunSettings& settings);
 
+// "portable" / "sm90": the kernel family a request resolves to on the current device (kAuto
+// through the library's own selection rule), for the results' "kernel" field.
+std::string kernel_name(MlaDecodeKernel requested);
+
 struct DecodeResult {
   double mean_s_k = 0;  // mean of the actual lengths
   double time_us = 0;   // median of mla_decode (attention + combine)

@@ -73,7 +73,7 @@ SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& s) {
   args.indices = make_tensor(indices.get(), DType::kInt32, {c.b, c.s_q, c.topk});
   args.out = make_tensor(out.get(), DType::kBF16, {c.b, c.s_q, c.h_q, 512});
   args.lse = make_tensor(lse.get(), DType::kFP32, {c.b, c.h_q, c.s_q});
-  const MlaSparseDecodeProblem problem{.b = c.b, .s_q = c.s_q, .h_q = c.h_q, .topk = c.topk};
+  const MlaSparseDecodeProblem problem{.b = c.b, .s_q = c.s_q, .h_q = c.h_q, .topk = c.topk, .kernel = s.kernel};
   std::size_t bytes = 0;
   BENCH_STATUS(mla_sparse_decode_workspace_size(problem, &bytes));
   DeviceBuffer workspace(bytes);
@@ -91,6 +91,7 @@ SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& s) {
   SparseResult r;
   r.time_us = support::median(decode_us);
   r.plan_us = support::median(plan_us);
+  r.kernel = kernel_name(plan.kernel);
   // PERF.md: FLOPs over the attended keys (topk); bytes of q, the chosen FP8 tokens, out.
   r.flops = static_cast<double>(c.b) * c.s_q * c.h_q * (2.0 * 576 + 2.0 * 512) * c.topk;
   r.bytes = static_cast<double>(c.b) * c.s_q * (c.h_q * 576 * 2.0 + c.topk * 656.0 + c.h_q * 512 * 2.0);

@@ -66,6 +66,7 @@ PrefillResult run_prefill_case(const PrefillBenchCase& c, const RunSettings& s) 
   args.out = make_tensor(out.get(), DType::kBF16, {c.s_q, c.h_q, kDv});
   args.max_logits = make_tensor(max_logits.get(), DType::kFP32, {c.s_q, c.h_q});
   args.lse = make_tensor(lse.get(), DType::kFP32, {c.s_q, c.h_q});
+  args.kernel = s.kernel;
   const auto flush = [&] { s.flusher->flush(s.stream); };
   const auto times = support::time_rounds(s.stream, s.warmup, s.runs, flush,
                                           [&] { BENCH_STATUS(mla_sparse_prefill(args, s.stream)); });
@@ -75,6 +76,7 @@ PrefillResult run_prefill_case(const PrefillBenchCase& c, const RunSettings& s) 
 
   PrefillResult r;
   r.time_us = support::median(times);
+  r.kernel = kernel_name(s.kernel);
   // PERF.md: 2 * s_q * h_q * topk * (d_qk + d_v). Bytes: q, the gathered kv rows (each token
   // reads its own topk rows once), out, max_logits and lse.
   r.flops = 2.0 * c.s_q * c.h_q * c.topk * (c.d_qk + kDv);
@@ -106,7 +108,7 @@ JsonLine prefill_json(const PrefillBenchCase& c, const PrefillResult& r, double 
       .number("bytes", r.bytes)
       .number("tflops", r.tflops)
       .number("gbps", r.gbps)
-      .text("kernel", "portable")
+      .text("kernel", r.kernel)
       .number("copy_gbps", copy_gbps)
       .number("baseline_us", c.flashmla_h100_us)
       .number("baseline_tflops", baseline_tflops)

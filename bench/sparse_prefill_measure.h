@@ -28,6 +28,7 @@ std::vector<PrefillBenchCase> prefill_bench_cases(bool quick, const std::string&
 
 struct PrefillResult {
   double time_us = 0, flops = 0, bytes = 0, tflops = 0, gbps = 0;
+  std::string kernel;  // the kernel family that ran
 };
 
 // Random q and kv generated on the device, random valid indices; times mla_sparse_prefill

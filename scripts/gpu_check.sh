@@ -99,6 +99,8 @@ if [ "$run_pip" = 1 ]; then
 fi
 
 if [ "$run_bench" = 1 ]; then
+  timeout 60 "$build/bench/mlakit-dequant-rates" >"$OUT/dequant_rates.log" 2>&1
+  note "dequant rates: rc=$?"; tee -a "$summary" <"$OUT/dequant_rates.log"
   timeout 240 "$build/bench/mlakit-bench" --out bench/results "${bench_args[@]}" >"$OUT/bench.log" 2>&1
   note "bench: rc=$?"
   find bench/results -name '*.jsonl' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/" \;  # this GPU's file

@@ -93,26 +93,22 @@ class Sm90Consumer {
     uint32_t frag[C::kPvSteps][4];
     pack_p(s, frag);
     issue_values_rs(frag, 0);
+    // Waiting for P_A V_A,0 here costs nothing (this consumer has no work before P_B is
+    // published) and frees V slabs 0..3 of stage 0 while consumer 1 is still on softmax B, so
+    // the producer starts the next tile A that much earlier.
+    dev::wgmma_wait<0>();
+    dev::fence_registers(o_);
+    dev::fence_registers(frag);
+    release(0, C::kLowSlabs);
     if (has_b) {
       dev::named_barrier_sync(C::kBarP1Ready, C::kConsumerThreads);
       if constexpr (kGathered) dev::fence_proxy_async_smem();  // V_B came by cp.async
       bad_ |= sm_.stage_bad[1] != 0;
       const float m_b[2] = {sm_.row_max[1][r0_], sm_.row_max[1][r0_ + 8]};
-      // P_A V_A,0 was issued before consumer 1's softmax: it has finished or nearly so.
-      dev::wgmma_wait<0>();
-      dev::fence_registers(o_);
-      dev::fence_registers(frag);
-      release(0, C::kLowSlabs);
       rescale(m_b);
       issue_values_ss(sm_.kv[1][C::kNopeSlabs], 1);
-    } else {
       dev::wgmma_wait<0>();
-      dev::fence_registers(frag);
-      release(0, C::kLowSlabs);
-    }
-    dev::wgmma_wait<0>();
-    dev::fence_registers(o_);
-    if (has_b) {
+      dev::fence_registers(o_);
       release(1, C::kLowSlabs);
       release(1, C::kHighSlabs);  // P_B was read from slab 8
     }
