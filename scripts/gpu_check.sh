@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The one GPU-machine script: build (all cores), SASS resource check, CPU + GPU test suites,
 # the main job, the benchmark; logs and JSON under $OUT; a short summary printed last.
-# Usage (on the GPU machine): bash scripts/gpu_check.sh [--skip-tests] [--skip-bench] [--pip] [bench args...]
+# Usage (on the GPU machine): bash scripts/gpu_check.sh [--skip-tests] [--skip-bench] [--pip]
+#                                 [--profile=KERNEL_REGEX:BENCH_FILTER] [bench args...]
 #   --pip: also `pip install .` into a fresh venv (build dependencies from .pip-wheels/ when the
 #          machine has no index: the device has no internet) and run the Python tests against
 #          the installed package, from outside the repository.
+#   --profile: Nsight Compute on one launch of the kernels matching KERNEL_REGEX while the
+#          benchmark runs the BENCH_FILTER cases: the details page and the per-SASS-instruction
+#          source page (stall sampling) as CSV under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
@@ -15,12 +19,14 @@ export MLAKIT_COMMIT="${MLAKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null 
 run_tests=1
 run_bench=1
 run_pip=0
+profile=""
 bench_args=()
 for arg in "$@"; do
   case "$arg" in
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --pip) run_pip=1 ;;
+    --profile=*) profile="${arg#--profile=}" ;;
     *) bench_args+=("$arg") ;;
   esac
 done
@@ -105,5 +111,18 @@ if [ "$run_bench" = 1 ]; then
   note "bench: rc=$?"
   find bench/results -name '*.jsonl' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/" \;  # this GPU's file
   tail -25 "$OUT/bench.log" | tee -a "$summary"
+fi
+if [ -n "$profile" ]; then
+  kernel_regex="${profile%%:*}" bench_filter="${profile#*:}"
+  timeout 300 ncu --clock-control none --kernel-name "regex:$kernel_regex" --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section SourceCounters --section SchedulerStats \
+    --section InstructionStats --section MemoryWorkloadAnalysis --section LaunchStats --import-source no \
+    -f -o "$OUT/profile" "$build/bench/mlakit-bench" --quick --runs 3 --filter "$bench_filter" --out /tmp/profile-bench \
+    >"$OUT/profile.log" 2>&1
+  note "profile ($profile): rc=$?"; tail -3 "$OUT/profile.log" | tee -a "$summary"
+  ncu -i "$OUT/profile.ncu-rep" --page details --csv >"$OUT/profile_details.csv" 2>&1
+  ncu -i "$OUT/profile.ncu-rep" --page source --csv --print-source sass >"$OUT/profile_sass.csv" 2>&1
+  gzip -f "$OUT/profile_sass.csv"
+  rm -f "$OUT/profile.ncu-rep"
 fi
 note "total: $(( $(date +%s) - start )) s"

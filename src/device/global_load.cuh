@@ -61,4 +61,11 @@ __device__ __forceinline__ void prefetch_l1(const void* addr) {
   asm volatile("prefetch.global.L1 [%0];\n" ::"l"(addr));
 }
 
+// prefetch.global.L2: the same into L2 only. One instruction per thread with any address,
+// where cp.async.bulk.prefetch.L2 takes a warp-uniform one (per-lane addresses compile to a
+// loop over the distinct values).
+__device__ __forceinline__ void prefetch_l2(const void* addr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(addr));
+}
+
 }  // namespace mlakit::device

@@ -21,6 +21,7 @@ __global__ void predicated_loads(const uint4* words, const float* floats, const 
   const int i = threadIdx.x;
   const bool even = i % 2 == 0;
   device::prefetch_l1(words + i);
+  device::prefetch_l2(floats + i);
   const uint4 w = device::load_nc_16_or_zero(even ? static_cast<const void*>(words + i) : nullptr, even);
   device::sm90::st_shared_16(device::sm90::smem_u32(&staged[i]), w);
   __syncthreads();

@@ -80,12 +80,6 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
-// cp.async.bulk.prefetch.L2.global (PTX ISA 9.7.9.25.4.3): brings `bytes` (a multiple of 16,
-// address 16-byte aligned) into L2 without waiting; later loads of them hit L2.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* gmem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
-}
-
 // ---- fences and barriers ----
 
 // fence.proxy.async.shared::cta: generic-proxy shared-memory writes (st.shared) become

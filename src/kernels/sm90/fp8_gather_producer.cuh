@@ -17,8 +17,8 @@
 // The raw bytes never touch shared memory, so the next tile's loads need no free stage. An
 // invalid slot (or a key past the segment) loads nothing: zeros, scale 0, zero-filled RoPE.
 // Lane 0 writes the warp's valid-slot mask before its slab-0 arrival, which releases it.
-// While tile i converts, the tokens of tile i + 1 are prefetched into L2 (one bulk prefetch
-// per token), each thread's bytes kL1Lookahead slabs ahead into L1, and the indices are read
+// While tile i converts, the tokens of tile i + 1 are prefetched into L2 (prefetch_token_l2),
+// each thread's bytes kL1Lookahead slabs ahead into L1, and the indices are read
 // two tiles ahead; all loads are branch-free (device/global_load.cuh) so none is waited for
 // before its data is converted.
 #pragma once
@@ -46,11 +46,14 @@ class Fp8GatherProducer {
   static_assert(kFp8NopeDim == C::kNopeSlabs * C::kSlabCols, "one quantized slab per V slab");
   static_assert(kFp8Tile == 2 * C::kSlabCols, "a scale covers two slabs");
 
-  // Slabs loaded ahead of the one being converted (registers: 9 per slab).
-  static constexpr int kLookahead = 2;    // more spills
-  // Slabs prefetched into L1 ahead of the one converted (H100, b=128 h_q=128: 3 ahead 546 us,
-  // none 559 us, 5 ahead 544 us but slower at h_q=64 topk=16384).
-  static constexpr int kL1Lookahead = 3;
+  // Slabs loaded ahead of the one being converted (registers: 9 per slab; 5 spills at 88).
+  static constexpr int kLookahead = 4;
+  // Slabs prefetched into L1 ahead of the one converted, further than the register loads so
+  // that those hit L1 (0: none). With 2 register slabs, H100 b=128 h_q=128: 3 ahead 546 us,
+  // none 559 us.
+  static constexpr int kL1Lookahead = 6;
+  static_assert(kL1Lookahead == 0 || (kL1Lookahead > kLookahead && kL1Lookahead < 2 * C::kNopeSlabs),
+                "within the next tile, beyond the register loads");
 
   // The 32 e4m3 bytes of one thread in one slab, and their tile's scale.
   struct RawSlab {
@@ -81,7 +84,7 @@ class Fp8GatherProducer {
     for (int i = 0; i < tiles; ++i) {
       const int32_t after_slot = slot_of_tile(i + 2);  // first used in the next iteration
       const int64_t next = slot_offset(p_, next_slot);
-      if (half_ == 0 && next >= 0) device::sm90::bulk_prefetch_l2(cache_ + next, kFp8TokenBytes);
+      if (next >= 0) prefetch_token_l2(next);
       fill_tile(i % C::kStages, offset, next, raw);
       offset = next;
       next_slot = after_slot;
@@ -97,6 +100,17 @@ class Fp8GatherProducer {
     // A scale covers two slabs: the second read hits L1.
     return RawSlab{device::load_nc_16_or_zero(src, valid), device::load_nc_16_or_zero(src + 16, valid),
                    device::load_nc_f32_or_zero(token + kFp8ScaleOffset + 4 * (k / 2), valid)};
+  }
+
+  // The 128-byte lines of the token at `offset` (16-byte aligned: up to 6 lines) into L2, three
+  // per thread of the key's pair: byte offsets 128j, and the last byte for the last line.
+  __device__ void prefetch_token_l2(int64_t offset) const {
+    const uint8_t* token = cache_ + offset;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      const int line = 3 * half_ + j;
+      device::prefetch_l2(token + (line < 5 ? 128 * line : kFp8TokenBytes - 1));
+    }
   }
 
   // Fills the tile of `offset` into `stage`; on return raw holds the first slabs of the token
@@ -126,9 +140,11 @@ class Fp8GatherProducer {
       // Slab k + kLookahead: of this tile, or of the next one.
       const int ahead = k + kLookahead;
       const RawSlab loaded = ahead < C::kNopeSlabs ? load_slab(offset, ahead) : load_slab(next, ahead - C::kNopeSlabs);
-      const int far = k + kL1Lookahead;  // into L1, so its register load is an L1 hit
-      const int64_t far_offset = far < C::kNopeSlabs ? offset : next;
-      if (far_offset >= 0) device::prefetch_l1(cache_ + far_offset + (far % C::kNopeSlabs) * C::kSlabCols + half_ * 32);
+      if constexpr (kL1Lookahead > 0) {
+        const int far = k + kL1Lookahead;
+        const int64_t far_offset = far < C::kNopeSlabs ? offset : next;
+        if (far_offset >= 0) device::prefetch_l1(cache_ + far_offset + (far % C::kNopeSlabs) * C::kSlabCols + half_ * 32);
+      }
       store_dequantized(stage, k, raw[0]);
 #pragma unroll
       for (int j = 0; j + 1 < kLookahead; ++j) raw[j] = raw[j + 1];
