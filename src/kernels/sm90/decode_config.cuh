@@ -25,8 +25,8 @@ struct Sm90DecodeConfig {
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   // The FP8 sparse decode's producer dequantizes and keeps raw slabs in flight in registers
-  // (fp8_gather_producer.cuh: 4 slabs ahead need 88); its consumers fit in 208 (no spill in
-  // the pair loop; below 208 they spill there).
+  // (fp8_gather_producer.cuh: 2 slabs need 72, 4 need 88); its consumers fit in 208 (no
+  // spill in the pair loop; below 208 they spill there).
   static constexpr int kFp8ProducerRegs = 88;
   static constexpr int kFp8ConsumerRegs = 208;
   static constexpr int kVColsPerConsumer = kDv / 2;  // O columns of one consumer

@@ -46,12 +46,13 @@ class Fp8GatherProducer {
   static_assert(kFp8NopeDim == C::kNopeSlabs * C::kSlabCols, "one quantized slab per V slab");
   static_assert(kFp8Tile == 2 * C::kSlabCols, "a scale covers two slabs");
 
-  // Slabs loaded ahead of the one being converted (registers: 9 per slab; 5 spills at 88).
-  static constexpr int kLookahead = 4;
-  // Slabs prefetched into L1 ahead of the one converted, further than the register loads so
-  // that those hit L1 (0: none). With 2 register slabs, H100 b=128 h_q=128: 3 ahead 546 us,
-  // none 559 us.
-  static constexpr int kL1Lookahead = 6;
+  // Slabs loaded ahead of the one being converted (registers: 9 per slab; 5 spill at 88), and
+  // slabs prefetched into L1 ahead of it, further than the register loads so that those hit L1
+  // (0: none). H200, b=128 h_q=128 topk=2048 (register, L1): (2, 3) 462.0 us, (3, 5) 478.8,
+  // (4, 6) 483.8, (4, none) 478.2; with the earlier per-token bulk L2 prefetch on the H100,
+  // (2, 3) 546 us and (2, none) 559.
+  static constexpr int kLookahead = 2;
+  static constexpr int kL1Lookahead = 3;
   static_assert(kL1Lookahead == 0 || (kL1Lookahead > kLookahead && kL1Lookahead < 2 * C::kNopeSlabs),
                 "within the next tile, beyond the register loads");
 
