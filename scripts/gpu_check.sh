@@ -126,3 +126,5 @@ if [ -n "$profile" ]; then
   rm -f "$OUT/profile.ncu-rep"
 fi
 note "total: $(( $(date +%s) - start )) s"
+# The device returns a few files per call: the logs travel as one archive.
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log sass.txt.gz 2>/dev/null)
