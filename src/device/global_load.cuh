@@ -1,42 +1,25 @@
-// Predicated read-only global loads whose "else" value is set in the same instruction sequence
-// (PTX ISA 9.7.9.8 "ld", .nc). Written in C++ (`if (p) x = load(..)`), the compiler loads into
-// a temporary and then moves it into x under the predicate, and that move waits for the load
-// at once: a load issued ahead of its use stops being ahead. Here the destination is set to
-// the fallback first and the load writes it directly, so the wait comes at the first real use.
+// Global loads and prefetches for producers that keep loads in flight in registers (PTX ISA
+// 9.7.9.8 "ld", 9.7.9.15 "prefetch"). The point is where the wait for a load lands: at the
+// first real use of its data, not at a register copy the compiler made earlier.
 #pragma once
 
 #include <cstdint>
 
 namespace mlakit::device {
 
-// 16 bytes from `src` (16-byte aligned) when `pred`, else zeros (src not read).
-__device__ __forceinline__ uint4 load_nc_16_or_zero(const void* src, bool pred) {
+// 16 bytes from `src` (16-byte aligned), read-only path. Unpredicated on purpose: a load whose
+// destination is conditionally written leaves the compiler copies of it under the predicate,
+// and each copy waits for the load (callers point invalid reads at a zero buffer instead).
+__device__ __forceinline__ uint4 load_nc_16(const void* src) {
   uint4 v;
-  asm("{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %5, 0;\n"
-      "mov.b32 %0, 0;\n"
-      "mov.b32 %1, 0;\n"
-      "mov.b32 %2, 0;\n"
-      "mov.b32 %3, 0;\n"
-      "@p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      "}\n"
-      : "=&r"(v.x), "=&r"(v.y), "=&r"(v.z), "=&r"(v.w)
-      : "l"(src), "r"(static_cast<int>(pred)));
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src));
   return v;
 }
 
-// 4 bytes (a float) from `src` when `pred`, else 0.
-__device__ __forceinline__ float load_nc_f32_or_zero(const void* src, bool pred) {
+// A float from `src`, read-only path.
+__device__ __forceinline__ float load_nc_f32(const void* src) {
   float v;
-  asm("{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %2, 0;\n"
-      "mov.b32 %0, 0;\n"
-      "@p ld.global.nc.f32 %0, [%1];\n"
-      "}\n"
-      : "=&f"(v)
-      : "l"(src), "r"(static_cast<int>(pred)));
+  asm("ld.global.nc.f32 %0, [%1];\n" : "=f"(v) : "l"(src));
   return v;
 }
 

@@ -1,6 +1,7 @@
-// GPU unit tests of the predicated loads (src/device/global_load.cuh) and st_shared_16 that
-// the Hopper sparse decode's producer uses: the load happens only when asked (a null address
-// with the predicate off is never read) and the fallback value comes back otherwise.
+// GPU unit tests of the loads and prefetches of src/device/global_load.cuh and st_shared_16
+// that the Hopper sparse decode's producer uses: the read-only loads return the data, the
+// predicated index load happens only when asked (a null address with the predicate off is
+// never read) and gives the fallback otherwise.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,8 +14,9 @@
 namespace mlakit::testing {
 namespace {
 
-// Thread i: loads of element i when i is even, of null (never read) when odd; then the 16
-// bytes go through shared memory with st_shared_16 and back.
+// Thread i: the 16-byte and float loads of element i (the 16 bytes go through shared memory
+// with st_shared_16 and back); the index load of element i when i is even, of null (never
+// read) when odd.
 __global__ void predicated_loads(const uint4* words, const float* floats, const int32_t* ints, uint4* out_words,
                                  float* out_floats, int32_t* out_ints) {
   __shared__ uint4 staged[32];
@@ -22,15 +24,15 @@ __global__ void predicated_loads(const uint4* words, const float* floats, const 
   const bool even = i % 2 == 0;
   device::prefetch_l1(words + i);
   device::prefetch_l2(floats + i);
-  const uint4 w = device::load_nc_16_or_zero(even ? static_cast<const void*>(words + i) : nullptr, even);
+  const uint4 w = device::load_nc_16(words + i);
   device::sm90::st_shared_16(device::sm90::smem_u32(&staged[i]), w);
   __syncthreads();
   out_words[i] = staged[i];
-  out_floats[i] = device::load_nc_f32_or_zero(even ? floats + i : nullptr, even);
+  out_floats[i] = device::load_nc_f32(floats + i);
   out_ints[i] = device::load_s32_or(even ? ints + i : nullptr, even, -7);
 }
 
-TEST(GlobalLoad, PredicatedLoadsReadOnlyWhenAsked) {
+TEST(GlobalLoad, LoadsReturnDataAndPredicatedIndexLoadReadsOnlyWhenAsked) {
   MLAKIT_SKIP_WITHOUT_GPU();
   std::vector<uint32_t> words(32 * 4);
   std::vector<float> floats(32);
@@ -52,8 +54,8 @@ TEST(GlobalLoad, PredicatedLoadsReadOnlyWhenAsked) {
   const auto got_ints = out_ints.download<int32_t>();
   for (int i = 0; i < 32; ++i) {
     const bool even = i % 2 == 0;
-    for (int j = 0; j < 4; ++j) EXPECT_EQ(got_words[4 * i + j], even ? words[4 * i + j] : 0u) << i << "," << j;
-    EXPECT_EQ(got_floats[i], even ? floats[i] : 0.f) << i;
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(got_words[4 * i + j], words[4 * i + j]) << i << "," << j;
+    EXPECT_EQ(got_floats[i], floats[i]) << i;
     EXPECT_EQ(got_ints[i], even ? ints[i] : -7) << i;
   }
 }

@@ -15,12 +15,13 @@
 //     generic -> async proxy fence is the consumers', after their wait: one here would be a
 //     MEMBAR that also waits for the loads in flight, undoing the lookahead.
 // The raw bytes never touch shared memory, so the next tile's loads need no free stage. An
-// invalid slot (or a key past the segment) loads nothing: zeros, scale 0, zero-filled RoPE.
+// invalid slot (or a key past the segment) reads kFp8ZeroToken instead: zeros, scale 0, zero
+// RoPE, with the same unpredicated loads (a predicated load leaves register copies that wait
+// for it early: device/global_load.cuh).
 // Lane 0 writes the warp's valid-slot mask before its slab-0 arrival, which releases it.
 // While tile i converts, the tokens of tile i + 1 are prefetched into L2 (prefetch_token_l2),
 // each thread's bytes kL1Lookahead slabs ahead into L1, and the indices are read
-// two tiles ahead; all loads are branch-free (device/global_load.cuh) so none is waited for
-// before its data is converted.
+// two tiles ahead; no load is waited for before its data is converted.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,10 @@
 #include "kernels/sm90/gather_producer.cuh"
 
 namespace mlakit::detail::sm90 {
+
+// What an invalid slot reads: a token of zero bytes (e4m3 zeros, scales 0, bf16 zero RoPE).
+// Internal linkage: one per translation unit, zero-initialised in global memory.
+__device__ __align__(128) const uint8_t kFp8ZeroToken[kFp8TokenBytes] = {};
 
 // Arrivals on full[stage][slab]: one per producer warp on the dequantized slabs, one per
 // producer thread (cp.async) on the RoPE slab.
@@ -81,11 +86,11 @@ class Fp8GatherProducer {
     int32_t next_slot = slot_of_tile(1);
     RawSlab raw[kLookahead];
 #pragma unroll
-    for (int k = 0; k < kLookahead; ++k) raw[k] = load_slab(offset, k);
+    for (int k = 0; k < kLookahead; ++k) raw[k] = load_slab(token(offset), k);
     for (int i = 0; i < tiles; ++i) {
       const int32_t after_slot = slot_of_tile(i + 2);  // first used in the next iteration
       const int64_t next = slot_offset(p_, next_slot);
-      if (next >= 0) prefetch_token_l2(next);
+      prefetch_token_l2(token(next));
       fill_tile(i % C::kStages, offset, next, raw);
       offset = next;
       next_slot = after_slot;
@@ -93,20 +98,20 @@ class Fp8GatherProducer {
   }
 
  private:
-  // Branch-free (device/global_load.cuh): the loads stay in flight until the slab converts.
-  __device__ RawSlab load_slab(int64_t offset, int k) const {
-    const bool valid = offset >= 0;
-    const uint8_t* token = cache_ + (valid ? offset : 0);
+  // The bytes of the token at cache byte offset `offset`, or the zero token (offset -1).
+  __device__ const uint8_t* token(int64_t offset) const { return offset >= 0 ? cache_ + offset : kFp8ZeroToken; }
+
+  // The thread's bytes of slab k: the loads stay in flight until the slab converts.
+  __device__ RawSlab load_slab(const uint8_t* token, int k) const {
     const uint8_t* src = token + k * C::kSlabCols + half_ * 32;
     // A scale covers two slabs: the second read hits L1.
-    return RawSlab{device::load_nc_16_or_zero(src, valid), device::load_nc_16_or_zero(src + 16, valid),
-                   device::load_nc_f32_or_zero(token + kFp8ScaleOffset + 4 * (k / 2), valid)};
+    return RawSlab{device::load_nc_16(src), device::load_nc_16(src + 16),
+                   device::load_nc_f32(token + kFp8ScaleOffset + 4 * (k / 2))};
   }
 
-  // The 128-byte lines of the token at `offset` (16-byte aligned: up to 6 lines) into L2, three
-  // per thread of the key's pair: byte offsets 128j, and the last byte for the last line.
-  __device__ void prefetch_token_l2(int64_t offset) const {
-    const uint8_t* token = cache_ + offset;
+  // The 128-byte lines of a token (16-byte aligned: up to 6 lines) into L2, three per thread of
+  // the key's pair: byte offsets 128j, and the last byte for the last line.
+  __device__ void prefetch_token_l2(const uint8_t* token) const {
 #pragma unroll
     for (int j = 0; j < 3; ++j) {
       const int line = 3 * half_ + j;
@@ -118,8 +123,9 @@ class Fp8GatherProducer {
   // at `next` (the next tile's key of this thread).
   __device__ void fill_tile(int stage, int64_t offset, int64_t next, RawSlab (&raw)[kLookahead]) {
     namespace dev = mlakit::device::sm90;
-    const bool valid = offset >= 0;
-    const uint32_t ballot = __ballot_sync(0xffffffffu, valid);
+    const uint8_t* bytes = token(offset);
+    const uint8_t* next_bytes = token(next);
+    const uint32_t ballot = __ballot_sync(0xffffffffu, offset >= 0);
     const uint32_t parity = ((phases_ >> stage) & 1u) ^ 1u;
     phases_ ^= 1u << stage;
     dev::mbarrier_wait(&sm_.empty[stage][C::kLowSlabs], parity);
@@ -129,22 +135,22 @@ class Fp8GatherProducer {
       if (k == C::kFirstHighSlab) {
         // The stage's other half (slabs 4..8) is free too: RoPE first (slab 8, by cp.async).
         dev::mbarrier_wait(&sm_.empty[stage][C::kHighSlabs], parity);
-        const uint8_t* token = cache_ + (valid ? offset : 0);
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int chunk = 4 * half_ + c;
-          device::cp_async_16_or_zero(&sm_.kv[stage][C::kNopeSlabs][key_ * 128 + ((chunk ^ (key_ & 7)) * 16)],
-                                      token + kFp8RopeOffset + chunk * 16, valid);
+          device::cp_async_16(&sm_.kv[stage][C::kNopeSlabs][key_ * 128 + ((chunk ^ (key_ & 7)) * 16)],
+                              bytes + kFp8RopeOffset + chunk * 16);
         }
         device::cp_async_mbarrier_arrive_noinc(&sm_.full[stage][C::kNopeSlabs]);
       }
       // Slab k + kLookahead: of this tile, or of the next one.
       const int ahead = k + kLookahead;
-      const RawSlab loaded = ahead < C::kNopeSlabs ? load_slab(offset, ahead) : load_slab(next, ahead - C::kNopeSlabs);
+      const RawSlab loaded =
+          ahead < C::kNopeSlabs ? load_slab(bytes, ahead) : load_slab(next_bytes, ahead - C::kNopeSlabs);
       if constexpr (kL1Lookahead > 0) {
         const int far = k + kL1Lookahead;
-        const int64_t far_offset = far < C::kNopeSlabs ? offset : next;
-        if (far_offset >= 0) device::prefetch_l1(cache_ + far_offset + (far % C::kNopeSlabs) * C::kSlabCols + half_ * 32);
+        device::prefetch_l1((far < C::kNopeSlabs ? bytes : next_bytes) + (far % C::kNopeSlabs) * C::kSlabCols +
+                            half_ * 32);
       }
       store_dequantized(stage, k, raw[0]);
 #pragma unroll
