@@ -6,6 +6,8 @@
 // (bench/dequant_rates.cu measures their rates).
 #pragma once
 
+#include <cuda_fp8.h>
+
 #include <cstdint>
 
 namespace mlakit::device {
@@ -15,11 +17,17 @@ namespace mlakit::device {
 template <bool kHigh>
 __device__ __forceinline__ uint32_t dequantize_e4m3x2_bf16(uint32_t word, float scale) {
   uint32_t halves;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   if constexpr (kHigh) {
     asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi; }" : "=r"(halves) : "r"(word));
   } else {
     asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(halves) : "r"(word));
   }
+#else  // no e4m3 conversion instruction before sm_89: the library's software path, same values
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(kHigh ? word >> 16 : word & 0xffffu), __NV_E4M3);
+  halves = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+#endif
   float first, second;
   asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; cvt.f32.f16 %0, lo; cvt.f32.f16 %1, hi; }"
       : "=f"(first), "=f"(second)
