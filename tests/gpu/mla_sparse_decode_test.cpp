@@ -41,7 +41,9 @@ std::vector<SparseSweepCase> sparse_cases() {
         support::SparseCaseSpec spec;
         spec.b = b;
         spec.s_q = s_q;
-        spec.h_q = rot % 3 == 0 ? 128 : (rot % 3 == 1 ? 64 : 16);
+        // 128 and 96: two row tiles (the Hopper kernel's crossover pair, the second one partial
+        // at 96); 64 and 16: one.
+        spec.h_q = rot % 3 == 0 ? 128 : (rot % 3 == 1 ? 64 : (rot % 2 == 0 ? 16 : 96));
         spec.topk = topk;
         spec.page_size = pages[rot % 4];
         spec.num_blocks = (std::max<int64_t>(topk, 256) + spec.page_size - 1) / spec.page_size + 1;
