@@ -1,7 +1,7 @@
 // GPU unit tests of the Hopper primitive layer (src/device/sm90) against plain CPU loops:
 // wgmma SS and RS forms with 128B-swizzled descriptors (K-major and N-major B), TMA loads of a paged
-// cache through the kernels' tensor map with mbarrier completion, named barriers,
-// setmaxnreg, and the cluster primitives (st.async into a peer, remote arrivals). Each kernel is compiled for sm_90a only; the tests skip on other GPUs.
+// cache through the kernels' tensor map with mbarrier completion, named barriers and
+// setmaxnreg. Each kernel is compiled for sm_90a only; the tests skip on other GPUs.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
@@ -9,7 +9,6 @@
 #include <random>
 #include <vector>
 
-#include "device/sm90/cluster.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "gpu_test_util.h"
@@ -249,60 +248,6 @@ TEST(Sm90Primitives, NamedBarrierSyncsTwoWarpgroupsAfterSetmaxnreg) {
   MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
   const auto out = dout.download<int>();
   for (int t = 0; t < 256; ++t) ASSERT_EQ(out[t], 1000 + (t + 128) % 256) << "thread " << t;
-}
-
-// ---- a 2-CTA cluster: st.async into the peer, expect_tx, remote arrivals ----
-
-// Each CTA's 128 threads store 16 bytes each into the peer's buffer with st.async (completing
-// on the peer's `landed` barrier, which its thread 0 arms with expect_tx), then every thread
-// reads its own buffer back; the second round reuses the buffers once the peer has released
-// them with a remote arrival on `free` (waited for at cluster scope), as the sparse decode's
-// crossover does with its stages.
-__global__ void __cluster_dims__(2, 1, 1) cluster_exchange_kernel(uint32_t* out) {
-#if SM90_KERNEL_BODY
-  __shared__ __align__(16) uint4 buffer[128];
-  __shared__ uint64_t landed, free;
-  const uint32_t rank = dev::cluster_rank(), peer = rank ^ 1u;
-  const int t = threadIdx.x;
-  if (t == 0) {
-    dev::mbarrier_init(&landed, 1);
-    dev::mbarrier_init(&free, 1);
-    dev::fence_mbarrier_init();
-  }
-  dev::cluster_sync();  // the peer's barriers are initialised before any remote use
-  const uint32_t peer_buffer = dev::peer_smem_address(&buffer[t], peer);
-  const uint32_t peer_landed = dev::peer_smem_address(&landed, peer);
-  for (uint32_t round = 0; round < 2; ++round) {
-    if (round > 0) dev::mbarrier_wait_cluster(&free, 0);  // the peer has read its buffer
-    if (t == 0) dev::mbarrier_arrive_expect_tx(&landed, 128 * 16);
-    const uint32_t tag = 0x10000u * (round + 1) + 0x100u * rank + static_cast<uint32_t>(t);
-    dev::st_async_16(peer_buffer, make_uint4(tag, tag + 1, tag + 2, tag + 3), peer_landed);
-    dev::mbarrier_wait(&landed, round);
-    out[(round * 2 + rank) * 128 + t] = buffer[(t + 1) % 128].x;  // another thread's 16 bytes
-    __syncthreads();
-    if (round == 0 && t == 0) dev::mbarrier_arrive_remote(dev::peer_smem_address(&free, peer));
-  }
-  dev::cluster_sync();  // no CTA leaves while its peer may still address it
-#endif
-}
-
-TEST(Sm90Primitives, ClusterPeersExchangeThroughStAsyncAndRemoteArrivals) {
-  SKIP_WITHOUT_HOPPER();
-  DeviceBuffer dout(2 * 2 * 128 * 4);
-  dout.fill32(0);
-  cluster_exchange_kernel<<<2, 128>>>(static_cast<uint32_t*>(dout.get()));
-  MLAKIT_ASSERT_CUDA(cudaGetLastError());
-  MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto out = dout.download<uint32_t>();
-  for (uint32_t round = 0; round < 2; ++round) {
-    for (uint32_t rank = 0; rank < 2; ++rank) {
-      for (uint32_t t = 0; t < 128; ++t) {
-        const uint32_t writer = (t + 1) % 128, from = rank ^ 1u;  // the peer wrote this buffer
-        ASSERT_EQ(out[(round * 2 + rank) * 128 + t], 0x10000u * (round + 1) + 0x100u * from + writer)
-            << "round " << round << " rank " << rank << " thread " << t;
-      }
-    }
-  }
 }
 
 }  // namespace

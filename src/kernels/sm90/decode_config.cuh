@@ -84,19 +84,15 @@ __host__ __device__ constexpr uint32_t empty_count(int stage, int half) {
 
 // The CTA's shared memory (1024-aligned in the dynamic allocation) with its barriers set up by
 // thread 0 before a CTA-wide barrier: full[s][slab] expects full_count(slab) arrivals (1 for
-// TMA tiles, the gathering threads for gathered ones), empty[s][half] empty_count(s, half)
-// from each of `releasing_ctas` CTAs (2 when a cluster peer's consumers release it too).
+// TMA tiles, the gathering threads for gathered ones), empty[s][half] empty_count(s, half).
 template <typename FullCount>
-__device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, FullCount full_count,
-                                                               uint32_t releasing_ctas = 1) {
+__device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, FullCount full_count) {
   using C = Sm90DecodeConfig;
   auto& sm = *reinterpret_cast<Sm90DecodeSmem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       for (int slab = 0; slab < C::kSlabs; ++slab) device::sm90::mbarrier_init(&sm.full[s][slab], full_count(slab));
-      for (int half = 0; half < 2; ++half) {
-        device::sm90::mbarrier_init(&sm.empty[s][half], empty_count(s, half) * releasing_ctas);
-      }
+      for (int half = 0; half < 2; ++half) device::sm90::mbarrier_init(&sm.empty[s][half], empty_count(s, half));
       sm.stage_bad[s] = 0;
     }
     device::sm90::fence_mbarrier_init();

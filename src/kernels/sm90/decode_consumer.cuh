@@ -29,7 +29,6 @@
 
 #include "device/cp_async.cuh"
 #include "device/numeric.cuh"
-#include "device/sm90/cluster.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "kernels/sm90/decode_config.cuh"
@@ -41,10 +40,8 @@ namespace dev = mlakit::device::sm90;
 // kGathered: keys come from a gathering producer (sparse prefill, sparse FP8 decode) with a
 // valid-slot mask per tile; false for the paged dense decode (no mask code at all: registers
 // are tight). Scheduled sequence seq addresses q / out / lse through seq_offset (the sparse
-// decode schedules one sequence per (batch entry, query token)). kPeerRelease: a cluster
-// peer's producer also writes this CTA's stages (the sparse decode's crossover), so every
-// release arrives on the peer's empty barrier too.
-template <typename Elem, bool kGathered = false, bool kPeerRelease = false>
+// decode schedules one sequence per (batch entry, query token)).
+template <typename Elem, bool kGathered = false>
 class Sm90Consumer {
   using C = Sm90DecodeConfig;
   using Ops = device::ElemOps<Elem>;
@@ -218,14 +215,9 @@ class Sm90Consumer {
   }
 
   // One arrival on a half of a stage (empty_count in decode_config.cuh lists them), once this
-  // consumer's wgmma reads of those slabs have completed; with a peer, on its barrier as well
-  // (cluster scope: its producer then overwrites this CTA's copy).
+  // consumer's wgmma reads of those slabs have completed.
   __device__ void release(int stage, int half) {
-    if (t_ % 128 != 0) return;
-    dev::mbarrier_arrive(&sm_.empty[stage][half]);
-    if constexpr (kPeerRelease) {
-      dev::mbarrier_arrive_remote(dev::peer_smem_address(&sm_.empty[stage][half], dev::cluster_rank() ^ 1u));
-    }
+    if (t_ % 128 == 0) dev::mbarrier_arrive(&sm_.empty[stage][half]);
   }
 
   // Issues S = Q K^T of a stage's tile (64 x 64 over d_qk, K-major A and B, 128B swizzle,

@@ -2,14 +2,11 @@
 // consumers over tiles that the FP8 gathering producer (fp8_gather_producer.cuh) dequantizes
 // from each (batch entry, query token)'s index list. Grid (row tiles, 1, num_parts) of the
 // sparse plan, 384 threads, one CTA per SM; partial results go to the dense decode's combine.
-// kShare = 2 (two row tiles, e.g. h_q = 128): clusters of 2 CTAs along x, the two row tiles of
-// a token, each converting half of every K/V tile for both (the crossover).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "device/sm90/cluster.cuh"
 #include "device/sm90/sync.cuh"
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/decode_consumer.cuh"
@@ -17,33 +14,27 @@
 
 namespace mlakit::detail::sm90 {
 
-template <int kShare>
 __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     mla_sparse_decode_sm90_kernel(const __grid_constant__ MlaDecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
   extern __shared__ uint8_t smem_raw[];
-  Sm90DecodeSmem& sm =
-      setup_shared_memory(smem_raw, [](int slab) { return fp8_gathered_full_count(slab); }, kShare);
-  // The peer's producer and consumers signal this CTA's barriers: they must be initialised.
-  if constexpr (kShare == 2) dev::cluster_sync();
+  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return fp8_gathered_full_count(slab); });
   const PartRange& range = p.part_ranges[blockIdx.z];
   if (threadIdx.x < 128) {
     dev::setmaxnreg_dec<C::kFp8ProducerRegs>();
-    Fp8GatherProducer<kShare> producer(p, sm, blockIdx.x);
+    Fp8GatherProducer producer(p, sm, blockIdx.x);
     for_each_segment(p, range, [&](int seq, int L, int key_begin, int key_end, int) {
       producer.run_segment(seq, L, key_begin, key_end);
     });
   } else {
     dev::setmaxnreg_inc<C::kFp8ConsumerRegs>();
-    Sm90Consumer<__nv_bfloat16, /*kGathered=*/true, /*kPeerRelease=*/kShare == 2> consumer(p, sm, blockIdx.x, 0);
+    Sm90Consumer<__nv_bfloat16, /*kGathered=*/true> consumer(p, sm, blockIdx.x, 0);
     for_each_segment(p, range, [&](int seq, int L, int key_begin, int key_end, int split) {
       consumer.run_segment(seq, L, key_begin, key_end, split);
     });
   }
-  // The peer may still store into this CTA's shared memory or arrive on its barriers.
-  if constexpr (kShare == 2) dev::cluster_sync();
 #endif
 }
 
