@@ -36,6 +36,7 @@ __device__ __forceinline__ int32_t listed_slot(const MlaDecodeParams& p, int seq
 // (-1 included): skipped, never dereferenced.
 __device__ __forceinline__ int64_t slot_offset(const MlaDecodeParams& p, int64_t slot) {
   if (slot < 0 || slot >= p.num_blocks * p.page_size) return -1;
+  if (p.page_size == 1) return slot * p.kv_stride_block;  // the prefill's rows: no division
   return (slot / p.page_size) * p.kv_stride_block + (slot % p.page_size) * p.kv_stride_page;
 }
 

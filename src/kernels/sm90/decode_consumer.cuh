@@ -32,6 +32,7 @@
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "kernels/sm90/decode_config.cuh"
+#include "kernels/sm90/timeline.cuh"
 
 namespace mlakit::detail::sm90 {
 
@@ -56,6 +57,7 @@ class Sm90Consumer {
 
   __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split) {
     load_q(seq);
+    MLAKIT_SM90_STAMP(kConsumerQLoaded);
     lim_[0] = row_limit(r0_, L, key_end);
     lim_[1] = row_limit(r0_ + 8, L, key_end);
 #pragma unroll
@@ -67,13 +69,16 @@ class Sm90Consumer {
     for (int i = 0; i < tiles; i += 2) {
       const int start_a = key_begin + i * C::kKeys;
       const bool has_b = i + 1 < tiles;
+      MLAKIT_SM90_STAMP(kConsumerPairStart);
       if (w_ == 0) {
         pair_consumer0(start_a, has_b, key_end);
       } else {
         pair_consumer1(start_a, has_b, key_end);
       }
+      MLAKIT_SM90_STAMP(kConsumerPairEnd);
     }
     store(seq, split);
+    MLAKIT_SM90_STAMP(kConsumerStored);
   }
 
  private:
@@ -84,6 +89,7 @@ class Sm90Consumer {
     bad_ |= issue_scores(s, 0, start_a, key_end);
     dev::wgmma_wait<0>();  // S_A, and the previous pair's P_B V_B,0
     dev::fence_registers(s);
+    MLAKIT_SM90_STAMP(kConsumerScores);
     release(0, C::kHighSlabs);  // S_A was this consumer's last read of slabs 4..8 of stage 0
     float m_a[2], sum_a[2];
     softmax(s, start_a, m_a, sum_a);
@@ -102,6 +108,7 @@ class Sm90Consumer {
     release(0, C::kLowSlabs);
     if (has_b) {
       dev::named_barrier_sync(C::kBarP1Ready, C::kConsumerThreads);
+      MLAKIT_SM90_STAMP(kConsumerHandoff);
       if constexpr (kGathered) dev::fence_proxy_async_smem();  // V_B came by cp.async
       bad_ |= sm_.stage_bad[1] != 0;
       const float m_b[2] = {sm_.row_max[1][r0_], sm_.row_max[1][r0_ + 8]};
@@ -130,10 +137,12 @@ class Sm90Consumer {
     bad_ |= issue_scores(s, 1, start_b, key_end);  // queued behind S_A: the tensor cores work through softmax A
     float m_a[2];
     receive_tile_a(m_a);
+    MLAKIT_SM90_STAMP(kConsumerHandoff);
     // O is rescaled outside any wgmma group in flight (ptxas serialises the pipeline
     // otherwise), so S_B is waited for first; it was issued long before.
     dev::wgmma_wait<0>();
     dev::fence_registers(s);
+    MLAKIT_SM90_STAMP(kConsumerScores);
     release(1, C::kLowSlabs);  // S_B was this consumer's last read of slabs 0..3 of stage 1
     rescale(m_a);
     issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
@@ -231,6 +240,8 @@ class Sm90Consumer {
 #pragma unroll
     for (int slab = 0; slab < C::kSlabs; ++slab) {
       dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
+      if (slab == 0) MLAKIT_SM90_STAMP(kConsumerFirstSlab);
+      if (slab == C::kSlabs - 1) MLAKIT_SM90_STAMP(kConsumerLastSlab);
       // cp.async (gathered tiles) writes through the generic proxy; wgmma reads through the
       // async one (TMA writes need no fence).
       if constexpr (kGathered) dev::fence_proxy_async_smem();

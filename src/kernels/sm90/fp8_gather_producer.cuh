@@ -129,7 +129,7 @@ class Fp8GatherProducer {
     const uint32_t parity = ((phases_ >> stage) & 1u) ^ 1u;
     phases_ ^= 1u << stage;
     dev::mbarrier_wait(&sm_.empty[stage][C::kLowSlabs], parity);
-    publish_valid_mask(sm_, stage, ballot);  // read before the low half's release, too
+    publish_valid_mask(sm_, stage, key_mask_of_lane_pairs(ballot));  // read before the low half's release, too
 #pragma unroll
     for (int k = 0; k < C::kNopeSlabs; ++k) {
       if (k == C::kFirstHighSlab) {

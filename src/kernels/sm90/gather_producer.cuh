@@ -3,9 +3,13 @@
 // row = indices[token][key]) into the same 128B-swizzled 64-key tiles that the TMA producer
 // fills for the dense decode, so the consumers run unchanged apart from a valid-slot mask.
 //
-// Per tile: thread t copies half a row (4 of the 8 16-byte chunks of each slab) of key t / 2,
-// slab by slab with cp.async; after each slab it arrives on full[stage][slab] through
-// cp.async.mbarrier.arrive.noinc (count 128, + 1 on slab 0 for the mask). Slots outside
+// Per tile: warp w holds keys 16w..16w+15; lane 8q + c copies 16-byte chunk c of each
+// 128-byte slab row of keys 16w + 4j + q (j < 4), so one warp-wide cp.async reads 4 whole
+// rows (4 cache lines; half rows per thread made it 16 partial lines and took twice as long
+// to issue). Slab by slab the thread arrives on full[stage][slab] through
+// cp.async.mbarrier.arrive.noinc (count 128, + 1 on slab 0 for the mask). The slots of the
+// next tile's keys are read while the current tile is copied, and every copy is one
+// instruction (row base in a register, slab and chunk as immediate offsets). Slots outside
 // [0, s_kv), -1 included, and keys past the token's length are zero-filled without a global
 // read and left out of the mask (publish_valid_mask), which the extra arrival on slab 0
 // releases (the cp.async arrivals do not order the mask write).
@@ -16,64 +20,87 @@
 #include "device/cp_async.cuh"
 #include "device/sm90/sync.cuh"
 #include "kernels/sm90/decode_config.cuh"
+#include "kernels/sm90/timeline.cuh"
 
 namespace mlakit::detail::sm90 {
 
 // Arrivals each full[stage][slab] barrier of a gathered tile expects.
 __host__ __device__ constexpr int gathered_full_count(int slab) { return 128 + (slab == 0 ? 1 : 0); }
 
-// Element offset of key `key` of scheduled sequence seq in the listed rows, or -1 (past the
-// segment's end, or an invalid slot).
-__device__ __forceinline__ int64_t gathered_key_offset(const MlaDecodeParams& p, int seq, int key, int key_end) {
-  return key < key_end ? listed_key_offset(p, seq, key) : -1;
+// Lane 0 of each producer warp writes the valid-slot mask of the warp's 16 keys (key 16w + j:
+// bit j) for the consumers.
+__device__ __forceinline__ void publish_valid_mask(Sm90DecodeSmem& sm, int stage, uint32_t warp_mask) {
+  if (threadIdx.x % 32 == 0) sm.key_valid[stage][threadIdx.x / 32] = static_cast<uint16_t>(warp_mask);
 }
 
-// The valid-slot mask of a gathered tile from the producers' ballot of their keys (thread t
-// holds key t / 2): lane 0 of each warp writes the 16 bits of its warp's keys.
-__device__ __forceinline__ void publish_valid_mask(Sm90DecodeSmem& sm, int stage, uint32_t ballot) {
-  if (threadIdx.x % 32 != 0) return;
-  uint32_t mask = 0;  // even lanes (half 0) carry keys 16 warp + j
+// The warp's 16-bit key mask from a ballot in which lanes 2j and 2j + 1 hold key 16w + j (the
+// FP8 producer's layout).
+__device__ __forceinline__ uint32_t key_mask_of_lane_pairs(uint32_t ballot) {
+  uint32_t mask = 0;
   for (int j = 0; j < 16; ++j) mask |= ((ballot >> (2 * j)) & 1u) << j;
-  sm.key_valid[stage][threadIdx.x / 32] = static_cast<uint16_t>(mask);
+  return mask;
 }
 
 template <typename Elem>
 __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int tile, int seq, int L, Sm90DecodeSmem& sm) {
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
-  const int t = threadIdx.x;
-  const int key_in_tile = t / 2, half = t % 2;
-  const Elem* kv = static_cast<const Elem*>(p.kv);
-  const int stored_chunks = p.d_qk / 8;  // 16-byte chunks of a row held by kv (512: no RoPE)
+  constexpr int kRowsPerThread = 4;  // keys 16 w + 4 j + group
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int group = lane / 8, chunk = lane % 8;
+  const uint8_t* kv = static_cast<const uint8_t*>(p.kv) + chunk * 16;  // + row offset + 128 s
+  const int32_t* indices = p.indices + seq_offset(p, seq, p.indices_stride_b, p.indices_stride_s);
+  const bool rope_stored = p.d_qk > C::kDv;  // d_qk 512: the RoPE slab is zero-filled
   const int tiles = segment_tiles(p, 0, tile, L, 0, L);
+  auto slot_of = [&](int i, int j) {
+    const int key = i * C::kKeys + 16 * warp + 4 * j + group;
+    return i < tiles && key < L ? indices[key] : -1;
+  };
+  int32_t next_slot[kRowsPerThread];
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j) next_slot[j] = slot_of(0, j);
   uint32_t phases = 0;  // bit s: parity of stage s's current lap
   for (int i = 0; i < tiles; ++i) {
     const int stage = i % C::kStages;
-    const int64_t offset = gathered_key_offset(p, seq, i * C::kKeys + key_in_tile, L);
-    const bool valid = offset >= 0;
-    const uint32_t ballot = __ballot_sync(0xffffffffu, valid);
-    const Elem* row = kv + (valid ? offset : 0);
+    const uint8_t* src[kRowsPerThread];
+    bool valid[kRowsPerThread];
+    uint32_t warp_mask = 0;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int64_t offset = slot_offset(p, next_slot[j]);
+      next_slot[j] = slot_of(i + 1, j);
+      valid[j] = offset >= 0;
+      src[j] = kv + (valid[j] ? offset * static_cast<int64_t>(sizeof(Elem)) : 0);
+      const uint32_t ballot = __ballot_sync(0xffffffffu, valid[j]);  // lane 8 q: group q's key
+#pragma unroll
+      for (int q = 0; q < 4; ++q) warp_mask |= ((ballot >> (8 * q)) & 1u) << (4 * j + q);
+    }
     const uint32_t parity = ((phases >> stage) & 1u) ^ 1u;
     dev::mbarrier_wait(&sm.empty[stage][C::kLowSlabs], parity);
-    publish_valid_mask(sm, stage, ballot);  // read before the low half's release, too
-    uint8_t* dst_row = &sm.kv[stage][0][key_in_tile * 128];
+    MLAKIT_SM90_STAMP(kProducerStageLowFree);
+    publish_valid_mask(sm, stage, warp_mask);  // read before the low half's release, too
+    // Key 16 w + 4 j + group is row (16 w + group) + 4 j of each slab; its chunk sits at
+    // chunk ^ (row & 7), row & 7 = 4 (j & 1) + group.
+    uint8_t* dst = &sm.kv[stage][0][(16 * warp + group) * 128];
 #pragma unroll
     for (int s = 0; s < C::kSlabs; ++s) {
-      // Slabs 4..8 once the stage's other half is free too.
-      if (s == C::kFirstHighSlab) dev::mbarrier_wait(&sm.empty[stage][C::kHighSlabs], parity);
+      if (s == C::kFirstHighSlab) {  // slabs 4..8 once the stage's other half is free too
+        dev::mbarrier_wait(&sm.empty[stage][C::kHighSlabs], parity);
+        MLAKIT_SM90_STAMP(kProducerStageHighFree);
+      }
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int chunk = 4 * half + c;
-        const int column_chunk = s * 8 + chunk;
-        device::cp_async_16_or_zero(dst_row + s * C::kSlabBytes + ((chunk ^ (key_in_tile & 7)) * 16),
-                                    row + column_chunk * 8, valid && column_chunk < stored_chunks);
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        const int swizzled = (chunk ^ (4 * (j & 1) + group)) * 16;
+        device::cp_async_16_or_zero(dst + s * C::kSlabBytes + j * 4 * 128 + swizzled, src[j] + s * 128,
+                                    valid[j] && (s < C::kNopeSlabs || rope_stored));
       }
       device::cp_async_mbarrier_arrive_noinc(&sm.full[stage][s]);
     }
+    MLAKIT_SM90_STAMP(kProducerTileIssued);
     // The mask is complete before the extra arrival on slab 0 (release) that the consumer's
     // wait acquires.
     dev::named_barrier_sync(C::kBarGatherers, 128);
-    if (t == 0) dev::mbarrier_arrive(&sm.full[stage][0]);
+    if (threadIdx.x == 0) dev::mbarrier_arrive(&sm.full[stage][0]);
     phases ^= 1u << stage;
   }
 }

@@ -21,6 +21,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
   extern __shared__ uint8_t smem_raw[];
+  MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
   Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_full_count(slab); });
   const int row_tiles = (p.rows + C::kRows - 1) / C::kRows;
   const int seq = static_cast<int>(blockIdx.x / row_tiles), tile = static_cast<int>(blockIdx.x % row_tiles);

@@ -1,0 +1,65 @@
+// Optional event timeline of the Hopper kernels' roles, for diagnosis: where a tile's time
+// goes (the producer's waits and issue, each consumer's waits and hand-offs), per CTA, in SM
+// clock cycles. Compiled in only where MLAKIT_SM90_TIMELINE is defined (bench/timeline.cu,
+// which builds its own copy of the kernel); elsewhere every stamp is empty and the library's
+// kernels carry no trace of it.
+//
+// Thread 0 of each warpgroup (role 0: producer, 1 and 2: consumers 0 and 1) of the traced
+// CTAs [first_cta, first_cta + ctas) appends (event << 32 | low 32 bits of clock64) records
+// to its row of `records` ([ctas][3][capacity]); the row's count is kept in shared memory.
+#pragma once
+
+#include <cstdint>
+
+namespace mlakit::detail::sm90 {
+
+enum class TimelineEvent : uint32_t {
+  kProducerStageLowFree,   // the producer passed empty[stage][low]: tile issue starts
+  kProducerStageHighFree,  // ... empty[stage][high]
+  kProducerTileIssued,     // every copy of the tile issued (before the gatherers' barrier)
+  kConsumerQLoaded,        // segment start: Q in shared memory
+  kConsumerPairStart,
+  kConsumerFirstSlab,      // full[stage][0] of the consumer's own tile passed
+  kConsumerLastSlab,       // full[stage][8] passed: S fully issued
+  kConsumerScores,         // S done (wgmma wait)
+  kConsumerHandoff,        // the other consumer's P received (bar.sync passed)
+  kConsumerPairEnd,
+  kConsumerStored,         // segment outputs written
+};
+
+struct TimelineBuffer {
+  uint64_t* records = nullptr;
+  int first_cta = 0;
+  int ctas = 0;
+  int capacity = 0;  // records per role
+};
+
+#ifdef MLAKIT_SM90_TIMELINE
+__device__ TimelineBuffer g_timeline;
+__shared__ uint32_t timeline_count[3];  // records written per role
+
+// Before the kernel's first CTA-wide barrier.
+__device__ __forceinline__ void timeline_reset() {
+  if (threadIdx.x < 3) timeline_count[threadIdx.x] = 0;
+}
+
+__device__ __forceinline__ void timeline_stamp(TimelineEvent e) {
+  const int cta = static_cast<int>(blockIdx.x) - g_timeline.first_cta;
+  if (threadIdx.x % 128 != 0 || cta < 0 || cta >= g_timeline.ctas) return;
+  const int role = threadIdx.x / 128;
+  const uint32_t clock = static_cast<uint32_t>(clock64());
+  const uint32_t n = timeline_count[role];
+  if (n < static_cast<uint32_t>(g_timeline.capacity)) {
+    g_timeline.records[(static_cast<int64_t>(cta) * 3 + role) * g_timeline.capacity + n] =
+        (static_cast<uint64_t>(e) << 32) | clock;
+  }
+  timeline_count[role] = n + 1;
+}
+#define MLAKIT_SM90_TIMELINE_RESET() ::mlakit::detail::sm90::timeline_reset()
+#define MLAKIT_SM90_STAMP(event) ::mlakit::detail::sm90::timeline_stamp(::mlakit::detail::sm90::TimelineEvent::event)
+#else
+#define MLAKIT_SM90_TIMELINE_RESET() ((void)0)
+#define MLAKIT_SM90_STAMP(event) ((void)0)
+#endif
+
+}  // namespace mlakit::detail::sm90
