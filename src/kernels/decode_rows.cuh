@@ -25,6 +25,12 @@ __device__ __forceinline__ int64_t seq_offset(const MlaDecodeParams& p, int seq,
   return static_cast<int64_t>(seq / p.seq_divisor) * stride_b + static_cast<int64_t>(seq % p.seq_divisor) * stride_s;
 }
 
+// Element offset of query row r of kv head hk (row_coord) of scheduled sequence seq in q.
+__device__ __forceinline__ int64_t q_row_offset(const MlaDecodeParams& p, int seq, int hk, int r) {
+  const RowCoord rc = row_coord(p, hk, r);
+  return seq_offset(p, seq, p.q_stride_b, p.q_stride_s) + rc.t * p.q_stride_s + rc.head * p.q_stride_h;
+}
+
 // Sparse modes: key pos of scheduled sequence seq is slot indices[..][pos] = block *
 // page_size + offset (the prefill passes its kv as s_kv pages of one row, so the slot is the
 // row).

@@ -192,9 +192,7 @@ class Sm90Consumer {
       const int row = tile_ * C::kRows + r;
       uint8_t* dst = &sm_.q[slab][r * 128 + ((chunk ^ (r & 7)) * 16)];
       if (row < p_.rows && k * 8 < p_.d_qk) {  // columns past d_qk (512: no RoPE) are zero
-        const RowCoord rc = row_coord(p_, hk_, row);
-        device::cp_async_16(dst, q + seq_offset(p_, seq, p_.q_stride_b, p_.q_stride_s) + rc.t * p_.q_stride_s +
-                                     rc.head * p_.q_stride_h + k * 8);
+        device::cp_async_16(dst, q + q_row_offset(p_, seq, hk_, row) + k * 8);
       } else {
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
       }
@@ -378,6 +376,27 @@ class Sm90Consumer {
     l_[1] += sum[1];
   }
 
+  // 4 x 4 transpose of 32-bit values across the 4 lanes of a quad: lane q's u[i] becomes lane
+  // i's former u[q] (two exchange rounds, at distance 2 then 1).
+  __device__ static void quad_transpose(uint32_t (&u)[4]) {
+    const int q = threadIdx.x % 4;
+#pragma unroll
+    for (int d = 2; d >= 1; d /= 2) {
+      const bool upper = (q & d) != 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (i & d) continue;
+        const uint32_t sent = upper ? u[i] : u[i + d];
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, sent, d);
+        if (upper) {
+          u[i] = got;
+        } else {
+          u[i + d] = got;
+        }
+      }
+    }
+  }
+
   __device__ void store(int seq, int split) {
     float l0 = l_[0], l1 = l_[1];
 #pragma unroll
@@ -395,11 +414,19 @@ class Sm90Consumer {
     const bool direct = p_.split_prefix == nullptr || p_.split_prefix[seq + 1] - p_.split_prefix[seq] == 1;
     const int64_t slot_row0 =
         (static_cast<int64_t>(direct ? 0 : p_.partial_prefix[seq] + split) * p_.h_kv + hk_) * p_.rows;
+    // Final rows in q's dtype go out as 16-byte stores when every row starts 16-byte aligned:
+    // a quad transpose gives each lane 8 consecutive columns (64 4-byte stores per thread left
+    // the store at the end of a segment ~9000 cycles long).
+    const bool wide_stores =
+        direct && ((reinterpret_cast<uintptr_t>(p_.out) |
+                    static_cast<uintptr_t>((p_.out_stride_b | p_.out_stride_s | p_.out_stride_h) * sizeof(Elem))) &
+                   15) == 0;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = r0_ + 8 * half;
-      const int row = tile_ * C::kRows + r;
-      if (row >= p_.rows) continue;
+      const int row_in_range = tile_ * C::kRows + r;
+      const bool row_ok = row_in_range < p_.rows;
+      const int row = row_ok ? row_in_range : 0;  // padding rows compute on row 0, store nothing
       const bool empty = sum[half] == 0.f;
       const float inv = bad_ ? NAN : (empty ? 0.f : 1.f / sum[half]);
       const float lse2 = bad_ ? NAN : (empty ? -INFINITY : m_[half] + log2f(sum[half]));
@@ -408,16 +435,36 @@ class Sm90Consumer {
                   rc.t * p_.out_stride_s + rc.head * p_.out_stride_h;
       float* partial = direct ? nullptr : p_.partial_out + (slot_row0 + row) * C::kDv;
       const float scale = inv * (direct ? sink_factor(p_, rc.head, lse2 * device::kLn2) : 1.f);
+      if (wide_stores) {
+        // Column group g (8 columns: 256 w + 8 g + 2 (lane % 4) + {0, 1} in this lane) holds
+        // o_[4 g + 2 half], o_[4 g + 2 half + 1].
 #pragma unroll
-      for (int j = 2 * half; j < 128; j += 4) {
-        const int col = C::kVColsPerConsumer * w_ + 8 * (j >> 2) + 2 * (lane_ % 4);
-        const float v0 = o_[j] * scale, v1 = o_[j + 1] * scale;
-        if (direct) {
-          *reinterpret_cast<uint32_t*>(out + col) = Ops::pack(v0, v1);
-        } else {
-          *reinterpret_cast<float2*>(partial + col) = make_float2(v0, v1);
+        for (int m = 0; m < 8; ++m) {
+          uint32_t u[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int j = 4 * (4 * m + i) + 2 * half;
+            u[i] = Ops::pack(o_[j] * scale, o_[j + 1] * scale);
+          }
+          quad_transpose(u);  // lane q: the 8 columns of group 4 m + q
+          if (row_ok) {
+            const int col = C::kVColsPerConsumer * w_ + 8 * (4 * m + lane_ % 4);
+            *reinterpret_cast<uint4*>(out + col) = make_uint4(u[0], u[1], u[2], u[3]);
+          }
+        }
+      } else if (row_ok) {
+#pragma unroll
+        for (int j = 2 * half; j < 128; j += 4) {
+          const int col = C::kVColsPerConsumer * w_ + 8 * (j >> 2) + 2 * (lane_ % 4);
+          const float v0 = o_[j] * scale, v1 = o_[j + 1] * scale;
+          if (direct) {
+            *reinterpret_cast<uint32_t*>(out + col) = Ops::pack(v0, v1);
+          } else {
+            *reinterpret_cast<float2*>(partial + col) = make_float2(v0, v1);
+          }
         }
       }
+      if (!row_ok) continue;
       if (w_ == 0 && lane_ % 4 == 0) {
         if (direct) {
           const float to_base = p_.lse_base2 ? 1.f : device::kLn2;

@@ -29,6 +29,14 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   if (threadIdx.x < 128) {
     dev::setmaxnreg_dec<C::kProducerRegs>();
     produce_gathered<Elem>(p, tile, seq, L, sm);
+    // CTAs run in waves of one per SM: the CTA that starts when one of this wave's ends takes
+    // about item blockIdx.x + SM count.
+    uint32_t sms;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+    const int64_t next = static_cast<int64_t>(blockIdx.x) + sms;
+    if (next < static_cast<int64_t>(gridDim.x)) {
+      prefetch_q_l2(p, static_cast<int>(next / row_tiles), static_cast<int>(next % row_tiles));
+    }
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
     Sm90Consumer<Elem, /*kGathered=*/true> consumer(p, sm, tile, 0);
