@@ -37,7 +37,6 @@ struct Sm90DecodeConfig {
   static constexpr uint32_t kBarP0Ready = 2;    // consumer 0 arrives, consumer 1 syncs
   static constexpr uint32_t kBarP1Ready = 3;    // consumer 1 arrives, consumer 0 syncs
   static constexpr uint32_t kBarZeroed = 4;     // + w: one consumer's zeroed cache rows
-  static constexpr uint32_t kBarGatherers = 6;  // the 128 threads of the gathering producer
 
   // The halves of a stage that are released separately (Sm90DecodeSmem::empty).
   static constexpr int kLowSlabs = 0;   // V slabs 0..3: consumer 0's P·V columns
