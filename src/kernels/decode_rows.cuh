@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/decode_schedule.h"
+#include "device/global_load.cuh"
 #include "kernels/mla_decode_params.h"
 
 namespace mlakit::detail {
@@ -29,6 +30,21 @@ __device__ __forceinline__ int64_t seq_offset(const MlaDecodeParams& p, int seq,
 __device__ __forceinline__ int64_t q_row_offset(const MlaDecodeParams& p, int seq, int hk, int r) {
   const RowCoord rc = row_coord(p, hk, r);
   return seq_offset(p, seq, p.q_stride_b, p.q_stride_s) + rc.t * p.q_stride_s + rc.head * p.q_stride_h;
+}
+
+// Prefetches into L2 the Q rows [row0, row0 + rows) of kv head hk of scheduled sequence seq
+// (all d_qk columns), spread over `threads` threads of which this is thread `t`: a kernel that
+// knows which Q it loads next issues this early, so the load finds Q in L2 instead of DRAM.
+__device__ __forceinline__ void prefetch_q_rows_l2(const MlaDecodeParams& p, int seq, int hk, int row0, int rows,
+                                                   int t, int threads) {
+  const int row_bytes = p.d_qk * 2;  // q is bf16 or fp16
+  const int lines = (row_bytes + 127) / 128 + 1;  // a row need not start on a 128-byte line
+  const uint8_t* q = static_cast<const uint8_t*>(p.q);
+  const int end = min(rows, p.rows - row0);
+  for (int i = t; i < end * lines; i += threads) {
+    const int r = i / lines, line = i % lines;
+    device::prefetch_l2(q + q_row_offset(p, seq, hk, row0 + r) * 2 + min(line * 128, row_bytes - 1));
+  }
 }
 
 // Sparse modes: key pos of scheduled sequence seq is slot indices[..][pos] = block *

@@ -18,7 +18,6 @@
 #include <cstdint>
 
 #include "device/cp_async.cuh"
-#include "device/global_load.cuh"
 #include "device/sm90/sync.cuh"
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/timeline.cuh"
@@ -104,23 +103,6 @@ __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int t
     // consumer's wait acquires; no producer-wide barrier, so each warp runs on by itself.
     if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm.full[stage][0]);
     phases ^= 1u << stage;
-  }
-}
-
-// Prefetches into L2 the Q rows (64 of row tile `tile`, d_qk columns) of token seq, a token
-// of the next wave of CTAs: they start when this wave's end and would otherwise wait for Q
-// from DRAM (~8500 cycles measured by mlakit-timeline) with the tensor cores idle.
-__device__ __forceinline__ void prefetch_q_l2(const MlaDecodeParams& p, int seq, int tile) {
-  using C = Sm90DecodeConfig;
-  const int row_bytes = p.d_qk * 2;
-  const int lines = (row_bytes + 127) / 128 + 1;  // a row need not start on a line
-  const uint8_t* q = static_cast<const uint8_t*>(p.q);
-  for (int i = threadIdx.x; i < C::kRows * lines; i += 128) {
-    const int r = i / lines, line = i % lines;
-    const int row = tile * C::kRows + r;
-    if (row >= p.rows) break;
-    const int byte = min(line * 128, row_bytes - 1);
-    device::prefetch_l2(q + q_row_offset(p, seq, 0, row) * 2 + byte);
   }
 }
 

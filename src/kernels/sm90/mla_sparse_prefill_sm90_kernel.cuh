@@ -35,7 +35,8 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
     const int64_t next = static_cast<int64_t>(blockIdx.x) + sms;
     if (next < static_cast<int64_t>(gridDim.x)) {
-      prefetch_q_l2(p, static_cast<int>(next / row_tiles), static_cast<int>(next % row_tiles));
+      prefetch_q_rows_l2(p, static_cast<int>(next / row_tiles), 0, static_cast<int>(next % row_tiles) * C::kRows,
+                         C::kRows, threadIdx.x, 128);
     }
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
