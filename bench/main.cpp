@@ -175,6 +175,7 @@ JsonLine decode_json(const BenchCase& bc, const DecodeResult& r, const CopyResul
       .number("time_us", r.time_us)
       .number("plan_us", r.plan_us)
       .number("combine_us", r.combine_us)
+      .number("combine_hot_us", r.combine_hot_us)
       .number("flops", r.flops)
       .number("bytes", r.bytes)
       .number("tflops", r.tflops)
@@ -254,14 +255,14 @@ int run(const Options& opt) {
                                                .number("time_us", copy.time_us)
                                                .number("gbps", copy.gbps)));
 
-  std::printf("%-38s %8s %10s %8s %8s %8s %8s %7s %17s %8s\n", "case", "mean_s_k", "time_us", "plan_us",
-              "comb_us", "TFLOP/s", "GB/s", "%copy", "FlashMLA(H100) us", "speedup");
+  std::printf("%-38s %8s %10s %8s %8s %8s %8s %8s %7s %17s %8s\n", "case", "mean_s_k", "time_us", "plan_us",
+              "comb_us", "comb_hot", "TFLOP/s", "GB/s", "%copy", "FlashMLA(H100) us", "speedup");
   for (const BenchCase& bc : cases) {
     const DecodeResult r = run_decode_case(bc, settings);
     const Ratios x = ratios(bc, r, copy);
     std::printf(
-        "%-38s %8.0f %10.1f %8.1f %8.1f %8.1f %8.0f %7s %17s %8s\n", bc.name.c_str(), r.mean_s_k,
-        r.time_us, r.plan_us, r.combine_us, r.tflops, r.gbps,
+        "%-38s %8.0f %10.1f %8.1f %8.1f %8.1f %8.1f %8.0f %7s %17s %8s\n", bc.name.c_str(), r.mean_s_k,
+        r.time_us, r.plan_us, r.combine_us, r.combine_hot_us, r.tflops, r.gbps,
         format(100.0 * x.copy_fraction.value_or(0), "%.1f%%", x.copy_fraction.has_value()).c_str(),
         format(bc.flashmla_h100_us.value_or(0), "%.0f", x.speedup.has_value()).c_str(),
         format(x.speedup.value_or(0), "%.3fx", x.speedup.has_value()).c_str());
@@ -323,7 +324,8 @@ int run(const Options& opt) {
   std::printf(
       "\ntime_us: mla_decode (attention + combine), paid by every layer; plan_us: "
       "mla_decode_plan, made once per step and reused by every layer, so timed apart;\n"
-      "comb_us: the combine kernel alone (part of time_us).\n");
+      "comb_us: the combine kernel alone (part of time_us), L2 flushed; comb_hot: the same with its partials\n"
+      "left in L2, as inside a step right after the attention wrote them.\n");
   std::printf(
       "FlashMLA(H100) us: fixed H100 figures from PERF.md, not measured in this run; speedup = "
       "FlashMLA time / this time, meaningful only on an H100.\n"

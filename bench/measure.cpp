@@ -135,6 +135,9 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
   const auto combine_us = support::time_rounds(s.stream, s.warmup, s.runs, flush, [&] {
     BENCH_STATUS(detail::dispatch_mla_decode_combine(args, plan, s.stream));
   });
+  const auto combine_hot_us = support::time_rounds(s.stream, s.warmup, s.runs, [] {}, [&] {
+    BENCH_STATUS(detail::dispatch_mla_decode_combine(args, plan, s.stream));
+  });
   // The combine rewrote the outputs from the last decode's partials: still a valid result.
 
   // Cheap sanity check (accuracy is tested elsewhere): every length is >= s_q >= 1, so every
@@ -157,6 +160,7 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
   r.time_us = support::median(decode_us);
   r.plan_us = support::median(plan_us);
   r.combine_us = support::median(combine_us);
+  r.combine_hot_us = support::median(combine_hot_us);
   r.flops = support::decode_flops(c);
   r.bytes = support::decode_bytes(c);
   r.tflops = r.flops / (r.time_us * 1e-6) / 1e12;

@@ -42,6 +42,9 @@ struct DecodeResult {
   double time_us = 0;   // median of mla_decode (attention + combine)
   double plan_us = 0;   // median of mla_decode_plan, timed on its own
   double combine_us = 0;  // median of the combine kernel alone (included in time_us)
+  // The same without the L2 flush: the partials stay in L2 as they are when the combine runs
+  // right after the attention inside a step, so this is its in-step cost.
+  double combine_hot_us = 0;
   double flops = 0;     // PERF.md counting (support::decode_flops)
   double bytes = 0;     // PERF.md counting (support::decode_bytes)
   double tflops = 0;
