@@ -5,7 +5,9 @@
 // indices uniform over s_kv), traces a few CTAs of the middle of the grid and prints, in SM
 // cycles, the producer's issue and waits, the landing of each tile's first and last slab
 // after its issue, and the consumers' pair phases.
-// Usage: mlakit-timeline [h_q (128)] [s_kv (8192)] [traced CTAs (8)]
+// Usage: mlakit-timeline [h_q (128)] [s_kv (8192)] [traced CTAs (8)] [s_q (4096)]
+// (a small s_q leaves most SMs idle: per-CTA times then tell a per-SM limit from a
+// GPU-wide one)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -98,30 +100,31 @@ int main(int argc, char** argv) {
   const int h_q = argc > 1 ? std::atoi(argv[1]) : 128;
   const int s_kv = argc > 2 ? std::atoi(argv[2]) : 8192;
   const int traced = argc > 3 ? std::atoi(argv[3]) : 8;
-  constexpr int kSq = 4096, kTopk = 2048, kDqk = 576, kDv = 512, kCapacity = 1024;
+  const int s_q = argc > 4 ? std::atoi(argv[4]) : 4096;
+  constexpr int kTopk = 2048, kDqk = 576, kDv = 512, kCapacity = 1024;
   using C = mlakit::detail::sm90::Sm90DecodeConfig;
   const int row_tiles = (h_q + C::kRows - 1) / C::kRows;
-  const int grid = kSq * row_tiles;
+  const int grid = s_q * row_tiles;
 
-  auto* q = device_alloc<__nv_bfloat16>(int64_t{kSq} * h_q * kDqk);
+  auto* q = device_alloc<__nv_bfloat16>(int64_t{s_q} * h_q * kDqk);
   auto* kv = device_alloc<__nv_bfloat16>(int64_t{s_kv} * kDqk);
-  auto* indices = device_alloc<int32_t>(int64_t{kSq} * kTopk);
-  auto* out = device_alloc<__nv_bfloat16>(int64_t{kSq} * h_q * kDv);
-  auto* max_logits = device_alloc<float>(int64_t{kSq} * h_q);
-  auto* lse = device_alloc<float>(int64_t{kSq} * h_q);
-  fill_uniform_bf16<<<1024, 256>>>(q, int64_t{kSq} * h_q * kDqk, 1);
+  auto* indices = device_alloc<int32_t>(int64_t{s_q} * kTopk);
+  auto* out = device_alloc<__nv_bfloat16>(int64_t{s_q} * h_q * kDv);
+  auto* max_logits = device_alloc<float>(int64_t{s_q} * h_q);
+  auto* lse = device_alloc<float>(int64_t{s_q} * h_q);
+  fill_uniform_bf16<<<1024, 256>>>(q, int64_t{s_q} * h_q * kDqk, 1);
   fill_uniform_bf16<<<1024, 256>>>(kv, int64_t{s_kv} * kDqk, 2);
-  fill_indices<<<1024, 256>>>(indices, int64_t{kSq} * kTopk, s_kv, 3);
+  fill_indices<<<1024, 256>>>(indices, int64_t{s_q} * kTopk, s_kv, 3);
   CHECK_CUDA(cudaGetLastError());
 
   mlakit::MlaSparsePrefillArgs args;
-  args.q = mlakit::make_tensor(q, mlakit::DType::kBF16, {kSq, h_q, kDqk});
+  args.q = mlakit::make_tensor(q, mlakit::DType::kBF16, {s_q, h_q, kDqk});
   args.kv = mlakit::make_tensor(kv, mlakit::DType::kBF16, {s_kv, 1, kDqk});
-  args.indices = mlakit::make_tensor(indices, mlakit::DType::kInt32, {kSq, 1, kTopk});
-  args.out = mlakit::make_tensor(out, mlakit::DType::kBF16, {kSq, h_q, kDv});
-  args.max_logits = mlakit::make_tensor(max_logits, mlakit::DType::kFP32, {kSq, h_q});
-  args.lse = mlakit::make_tensor(lse, mlakit::DType::kFP32, {kSq, h_q});
-  const mlakit::detail::SparsePrefillShape shape{kSq, s_kv, h_q, kDqk, kTopk};
+  args.indices = mlakit::make_tensor(indices, mlakit::DType::kInt32, {s_q, 1, kTopk});
+  args.out = mlakit::make_tensor(out, mlakit::DType::kBF16, {s_q, h_q, kDv});
+  args.max_logits = mlakit::make_tensor(max_logits, mlakit::DType::kFP32, {s_q, h_q});
+  args.lse = mlakit::make_tensor(lse, mlakit::DType::kFP32, {s_q, h_q});
+  const mlakit::detail::SparsePrefillShape shape{s_q, s_kv, h_q, kDqk, kTopk};
   const mlakit::detail::MlaDecodeParams params =
       mlakit::detail::sparse_prefill_params(args, shape, 1.f / std::sqrt(static_cast<float>(kDqk)));
 
@@ -152,7 +155,7 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> raw(static_cast<size_t>(traced) * 3 * kCapacity);
   CHECK_CUDA(cudaMemcpy(raw.data(), buffer.records, raw.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
   std::printf("sparse prefill h_q %d s_kv %d s_q %d topk %d: %.1f us (traced kernel), CTAs %d..%d traced\n", h_q,
-              s_kv, kSq, kTopk, ms * 1e3, buffer.first_cta, buffer.first_cta + traced - 1);
+              s_kv, s_q, kTopk, ms * 1e3, buffer.first_cta, buffer.first_cta + traced - 1);
 
   std::map<std::string, Stat> stats;
   auto add = [&](const char* name, double cycles) { stats[name].add(cycles); };
