@@ -107,6 +107,8 @@ fi
 if [ "$run_bench" = 1 ]; then
   timeout 60 "$build/bench/mlakit-dequant-rates" >"$OUT/dequant_rates.log" 2>&1
   note "dequant rates: rc=$?"; tee -a "$summary" <"$OUT/dequant_rates.log"
+  timeout 60 "$build/bench/mlakit-gather-rates" >"$OUT/gather_rates.log" 2>&1
+  note "gather rates: rc=$?"; tee -a "$summary" <"$OUT/gather_rates.log"
   timeout 240 "$build/bench/mlakit-bench" --out bench/results "${bench_args[@]}" >"$OUT/bench.log" 2>&1
   note "bench: rc=$?"
   find bench/results -name '*.jsonl' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/" \;  # this GPU's file
