@@ -81,8 +81,8 @@ struct RoleTrace {
   }
 };
 
-// Mean and range of a series of cycle counts, skipping the first and last `skip` entries
-// (pipeline fill and drain).
+// Mean and range of a series of cycle counts (the caller leaves out the pipeline's fill and
+// drain pairs).
 struct Stat {
   double sum = 0, lo = 1e30, hi = -1e30;
   int n = 0;

@@ -16,7 +16,7 @@ namespace mlakit::detail::sm90 {
 enum class TimelineEvent : uint32_t {
   kProducerStageLowFree,   // the producer passed empty[stage][low]: tile issue starts
   kProducerStageHighFree,  // ... empty[stage][high]
-  kProducerTileIssued,     // every copy of the tile issued (before the gatherers' barrier)
+  kProducerTileIssued,     // every copy of the tile issued (before the warp's mask arrival)
   kConsumerQLoaded,        // segment start: Q in shared memory
   kConsumerPairStart,
   kConsumerFirstSlab,      // full[stage][0] of the consumer's own tile passed
