@@ -23,10 +23,14 @@ constexpr uint64_t kTableSeed = 7;
 constexpr uint64_t kQuerySeed = 11;
 constexpr uint64_t kCacheSeed = 13;
 
+template <typename T>
+void copy_to_device(const DeviceBuffer& dst, const std::vector<T>& src, cudaStream_t stream) {
+  BENCH_CUDA(cudaMemcpyAsync(dst.get(), src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice,
+                             stream));
+}
 
-// The case's shape, lengths and block table without q and cache data: those are generated
-// on the device. support::decode_flops/decode_bytes and HostDecodeCase::args read only
-// these fields.
+}  // namespace
+
 support::HostDecodeCase describe_case(const BenchCase& bc, DType dtype) {
   support::HostDecodeCase c;
   c.spec.seqlens = bc.varlen ? support::varlen_lengths(bc.b, bc.s_k, bc.s_q, kLengthSeed)
@@ -62,14 +66,6 @@ support::HostDecodeCase describe_case(const BenchCase& bc, DType dtype) {
   return c;
 }
 
-template <typename T>
-void copy_to_device(const DeviceBuffer& dst, const std::vector<T>& src, cudaStream_t stream) {
-  BENCH_CUDA(cudaMemcpyAsync(dst.get(), src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice,
-                             stream));
-}
-
-}  // namespace
-
 std::string kernel_name(MlaDecodeKernel requested) {
   detail::DeviceInfo device;
   detail::DecodeKernelTraits traits{};
@@ -98,23 +94,32 @@ CopyResult measure_copy_bandwidth(const RunSettings& s) {
   return r;
 }
 
-DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
-  const support::HostDecodeCase c = describe_case(bc, s.dtype);
-  const MlaDecodeProblem problem = c.problem();
-  const std::size_t elem = dtype_size(s.dtype);
-  const int64_t q_elems = c.b * bc.s_q * bc.h_q * problem.d_qk;
-  const int64_t kv_elems = c.num_blocks * bc.page * bc.h_kv * problem.d_qk;
+DeviceDecodeCase make_device_case(const BenchCase& bc, DType dtype, cudaStream_t stream) {
+  DeviceDecodeCase d;
+  d.host = describe_case(bc, dtype);
+  const support::HostDecodeCase& c = d.host;
+  const std::size_t elem = dtype_size(dtype);
+  const int64_t q_elems = c.b * bc.s_q * bc.h_q * c.problem().d_qk;
+  const int64_t kv_elems = c.num_blocks * bc.page * bc.h_kv * c.problem().d_qk;
+  d.q = DeviceBuffer(q_elems * elem);
+  d.kv = DeviceBuffer(kv_elems * elem);
+  d.table = DeviceBuffer(c.block_table.size() * sizeof(int32_t));
+  d.seqlens = DeviceBuffer(c.seqlens.size() * sizeof(int32_t));
+  d.out = DeviceBuffer(c.out_elems() * elem);
+  d.lse = DeviceBuffer(c.lse_elems() * sizeof(float));
+  fill_uniform(d.q.get(), dtype, q_elems, kQuerySeed, stream);
+  fill_uniform(d.kv.get(), dtype, kv_elems, kCacheSeed, stream);
+  copy_to_device(d.table, c.block_table, stream);
+  copy_to_device(d.seqlens, c.seqlens, stream);
+  d.args = c.args(d.q.get(), d.kv.get(), d.table.get(), d.seqlens.get(), d.out.get(), d.lse.get());
+  return d;
+}
 
-  DeviceBuffer q(q_elems * elem), kv(kv_elems * elem);
-  DeviceBuffer table(c.block_table.size() * sizeof(int32_t)),
-      seqlens(c.seqlens.size() * sizeof(int32_t));
-  DeviceBuffer out(c.out_elems() * elem), lse(c.lse_elems() * sizeof(float));
-  fill_uniform(q.get(), s.dtype, q_elems, kQuerySeed, s.stream);
-  fill_uniform(kv.get(), s.dtype, kv_elems, kCacheSeed, s.stream);
-  copy_to_device(table, c.block_table, s.stream);
-  copy_to_device(seqlens, c.seqlens, s.stream);
-  const MlaDecodeArgs args =
-      c.args(q.get(), kv.get(), table.get(), seqlens.get(), out.get(), lse.get());
+DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
+  const DeviceDecodeCase d = make_device_case(bc, s.dtype, s.stream);
+  const support::HostDecodeCase& c = d.host;
+  const MlaDecodeProblem problem = c.problem();
+  const MlaDecodeArgs& args = d.args;
 
   std::size_t workspace_bytes = 0;
   const MlaDecodeOptions options{.kernel = s.kernel};
@@ -143,7 +148,7 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
   // Cheap sanity check (accuracy is tested elsewhere): every length is >= s_q >= 1, so every
   // row attends at least one key and its lse is finite.
   std::vector<float> host_lse(c.lse_elems());
-  BENCH_CUDA(cudaMemcpy(host_lse.data(), lse.get(), host_lse.size() * sizeof(float),
+  BENCH_CUDA(cudaMemcpy(host_lse.data(), d.lse.get(), host_lse.size() * sizeof(float),
                         cudaMemcpyDeviceToHost));
   const auto bad =
       std::find_if(host_lse.begin(), host_lse.end(), [](float x) { return !std::isfinite(x); });

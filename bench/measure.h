@@ -8,6 +8,7 @@
 
 #include "bench/cases.h"
 #include "bench/device_data.h"
+#include "support/decode_case.h"
 #include "support/gpu_timing.h"
 #include "mlakit/mla_decode.h"
 #include "mlakit/tensor.h"
@@ -51,6 +52,20 @@ struct DecodeResult {
   double gbps = 0;
   std::string kernel;  // the kernel family the plan chose
 };
+
+// The case's shape, lengths and shuffled block table, without q and cache data (those are
+// generated on the device). support::decode_flops/decode_bytes and HostDecodeCase::args
+// read only these fields.
+support::HostDecodeCase describe_case(const BenchCase& bench_case, DType dtype);
+
+// A case's tensors on the device: random q and cache, the block table and lengths of
+// describe_case, and arguments over them (out and lse unwritten).
+struct DeviceDecodeCase {
+  support::HostDecodeCase host;
+  DeviceBuffer q, kv, table, seqlens, out, lse;
+  MlaDecodeArgs args;
+};
+DeviceDecodeCase make_device_case(const BenchCase& bench_case, DType dtype, cudaStream_t stream);
 
 // Builds the case on the device (random q and cache, shuffled block table), times the plan
 // and the decode, checks that every lse is finite, and frees it all again. Exits with an

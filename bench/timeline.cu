@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dispatch/mla_sparse_prefill_params.h"
+#include "bench/timeline_trace.h"
 #include "kernels/sm90/mla_sparse_prefill_sm90_kernel.cuh"
 
 #ifndef MLAKIT_SM90_TIMELINE
@@ -29,7 +30,9 @@
 namespace {
 
 using mlakit::detail::sm90::TimelineBuffer;
-using mlakit::detail::sm90::TimelineEvent;
+using timeline_tool::RoleTrace;
+using timeline_tool::Stat;
+using timeline_tool::TimelineEvent;
 
 #define CHECK_CUDA(call)                                                                    \
   do {                                                                                      \
@@ -63,36 +66,6 @@ T* device_alloc(int64_t n) {
   CHECK_CUDA(cudaMalloc(&p, n * sizeof(T)));
   return p;
 }
-
-struct Record {
-  TimelineEvent event;
-  uint32_t clock;
-};
-
-// The records of one role, and the clocks of its k-th occurrence of each event.
-struct RoleTrace {
-  std::vector<Record> records;
-  std::vector<uint32_t> at(TimelineEvent e) const {
-    std::vector<uint32_t> out;
-    for (const Record& r : records) {
-      if (r.event == e) out.push_back(r.clock);
-    }
-    return out;
-  }
-};
-
-// Mean and range of a series of cycle counts (the caller leaves out the pipeline's fill and
-// drain pairs).
-struct Stat {
-  double sum = 0, lo = 1e30, hi = -1e30;
-  int n = 0;
-  void add(double v) {
-    sum += v;
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-    ++n;
-  }
-};
 
 }  // namespace
 
@@ -161,14 +134,8 @@ int main(int argc, char** argv) {
   auto add = [&](const char* name, double cycles) { stats[name].add(cycles); };
   const int tiles = kTopk / C::kKeys, pairs = tiles / 2, skip = 2;
   for (int cta = 0; cta < traced; ++cta) {
-    RoleTrace role[3];
-    for (int r = 0; r < 3; ++r) {
-      for (int k = 0; k < kCapacity; ++k) {
-        const uint64_t v = raw[(static_cast<size_t>(cta) * 3 + r) * kCapacity + k];
-        if (v == 0) break;  // zeroed buffer: no more records
-        role[r].records.push_back({static_cast<TimelineEvent>(v >> 32), static_cast<uint32_t>(v)});
-      }
-    }
+    RoleTrace role[timeline_tool::kRoles];
+    timeline_tool::read_roles(raw, cta, kCapacity, role);
     const auto low_free = role[0].at(TimelineEvent::kProducerStageLowFree);
     const auto high_free = role[0].at(TimelineEvent::kProducerStageHighFree);
     const auto issued = role[0].at(TimelineEvent::kProducerTileIssued);
@@ -217,7 +184,7 @@ int main(int argc, char** argv) {
       for (int r = 0; r < 3; ++r) {
         std::printf("  %s:", r == 0 ? "producer  " : (r == 1 ? "consumer 0" : "consumer 1"));
         int shown = 0;
-        for (const Record& rec : role[r].records) {
+        for (const timeline_tool::Record& rec : role[r].records) {
           const int32_t t = static_cast<int32_t>(rec.clock - t0);
           if (shown < 24 && t > 0) {
             std::printf(" %u@%d", static_cast<unsigned>(rec.event), t);

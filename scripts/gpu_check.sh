@@ -2,10 +2,13 @@
 # The one GPU-machine script: build (all cores), SASS resource check, CPU + GPU test suites,
 # the main job, the benchmark; logs and JSON under $OUT; a short summary printed last.
 # Usage (on the GPU machine): bash scripts/gpu_check.sh [--skip-tests] [--skip-bench] [--pip]
-#                                 [--profile=KERNEL_REGEX:BENCH_FILTER] [bench args...]
+#                                 [--timeline=CASE_FILTER] [--profile=KERNEL_REGEX:BENCH_FILTER]
+#                                 [bench args...]
 #   --pip: also `pip install .` into a fresh venv (build dependencies from .pip-wheels/ when the
 #          machine has no index: the device has no internet) and run the Python tests against
 #          the installed package, from outside the repository.
+#   --timeline=CASE_FILTER: mlakit-decode-timeline on the dense-decode benchmark cases matching
+#          the filter (per-CTA spans, per-segment phases of the Hopper dense decode).
 #   --profile: Nsight Compute on one launch of the kernels matching KERNEL_REGEX while the
 #          benchmark runs the BENCH_FILTER cases: the details page and the per-SASS-instruction
 #          source page (stall sampling) as CSV under $OUT.
@@ -20,6 +23,7 @@ run_tests=1
 run_bench=1
 run_pip=0
 profile=""
+timeline=""
 bench_args=()
 for arg in "$@"; do
   case "$arg" in
@@ -27,6 +31,7 @@ for arg in "$@"; do
     --skip-bench) run_bench=0 ;;
     --pip) run_pip=1 ;;
     --profile=*) profile="${arg#--profile=}" ;;
+    --timeline=*) timeline="${arg#--timeline=}" ;;
     *) bench_args+=("$arg") ;;
   esac
 done
@@ -113,6 +118,10 @@ if [ "$run_bench" = 1 ]; then
   note "bench: rc=$?"
   find bench/results -name '*.jsonl' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/" \;  # this GPU's file
   tail -25 "$OUT/bench.log" | tee -a "$summary"
+fi
+if [ -n "$timeline" ]; then
+  timeout 300 "$build/bench/mlakit-decode-timeline" "$timeline" 8192 >"$OUT/decode_timeline.log" 2>&1
+  note "decode timeline ($timeline): rc=$?"; tee -a "$summary" <"$OUT/decode_timeline.log"
 fi
 if [ -n "$profile" ]; then
   kernel_regex="${profile%%:*}" bench_filter="${profile#*:}"

@@ -70,8 +70,7 @@ static void attach_io(const TensorRef& q, const TensorRef& out, const TensorRef&
   p->lse_stride_s = lse.stride[2];
 }
 
-// Kernel parameters of validated arguments and their plan.
-static MlaDecodeParams make_decode_params(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float softmax_scale) {
+MlaDecodeParams make_decode_params(const MlaDecodeArgs& a, const MlaDecodePlan& plan, float softmax_scale) {
   const MlaDecodeProblem& pr = plan.problem;
   const int heads_per_kv = pr.h_q / pr.h_kv;
   MlaDecodeParams p{

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/decode_schedule.h"
+#include "kernels/mla_decode_params.h"
 #include "mlakit/mla_decode.h"
 #include "mlakit/mla_sparse_decode.h"
 
@@ -11,6 +12,10 @@ namespace mlakit::detail {
 // Runs the device planner of `plan` over `cache_seqlens` ([b] int32, device).
 Status dispatch_decode_plan(const MlaDecodePlan& plan, const int32_t* cache_seqlens,
                             cudaStream_t stream);
+
+// Kernel parameters of validated dense-decode arguments and their plan (mlakit-decode-timeline
+// launches its traced copy of the Hopper kernel with them too).
+MlaDecodeParams make_decode_params(const MlaDecodeArgs& args, const MlaDecodePlan& plan, float softmax_scale);
 
 // Launches attention + combine for validated arguments.
 Status dispatch_mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan,

@@ -6,6 +6,7 @@
 
 #include "device/sm90/sync.cuh"
 #include "kernels/sm90/decode_config.cuh"
+#include "kernels/sm90/timeline.cuh"
 
 namespace mlakit::detail::sm90 {
 
@@ -52,17 +53,20 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
         __syncwarp();  // every expect_tx before the arrive that can complete the phase
       };
       dev::mbarrier_wait(&sm.empty[stage][C::kLowSlabs], parity);
+      MLAKIT_SM90_STAMP(kProducerStageLowFree);
       load_slabs(0, C::kFirstHighSlab);
       if (lane == 0) {
         for (int s = 0; s < C::kFirstHighSlab; ++s) dev::mbarrier_arrive(&sm.full[stage][s]);
       }
       dev::mbarrier_wait(&sm.empty[stage][C::kHighSlabs], parity);
+      MLAKIT_SM90_STAMP(kProducerStageHighFree);
       load_slabs(C::kFirstHighSlab, C::kSlabs);
       if (lane == 0) {
         // The consumers read the flag after their wait on slab 8 (release by this arrive).
         sm.stage_bad[stage] = any_bad ? 1 : 0;
         for (int s = C::kFirstHighSlab; s < C::kSlabs; ++s) dev::mbarrier_arrive(&sm.full[stage][s]);
       }
+      MLAKIT_SM90_STAMP(kProducerTileIssued);
       phases ^= 1u << stage;
     }
   });

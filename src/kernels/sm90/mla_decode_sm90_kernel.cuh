@@ -35,6 +35,8 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
   extern __shared__ uint8_t smem_raw[];
+  MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
+  if (threadIdx.x == 0) MLAKIT_SM90_CTA_SPAN(false);
   Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int) { return 1; });  // one TMA producer arrival
   if (threadIdx.x < 128) {
     dev::setmaxnreg_dec<C::kProducerRegs>();
@@ -45,6 +47,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int split) {
       consumer.run_segment(seq, L, key_begin, key_end, split);
     });
+    if (threadIdx.x == 128) MLAKIT_SM90_CTA_SPAN(true);
   }
 #endif
 }

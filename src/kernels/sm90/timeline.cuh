@@ -5,8 +5,10 @@
 // kernels carry no trace of it.
 //
 // Thread 0 of each warpgroup (role 0: producer, 1 and 2: consumers 0 and 1) of the traced
-// CTAs [first_cta, first_cta + ctas) appends (event << 32 | low 32 bits of clock64) records
-// to its row of `records` ([ctas][3][capacity]); the row's count is kept in shared memory.
+// CTAs [first_cta, first_cta + ctas) (linear CTA index, x fastest) appends (event << 32 | low
+// 32 bits of clock64) records to its row of `records` ([ctas][3][capacity]); the row's count
+// is kept in shared memory. Where `cta_spans` is set, every CTA also writes the global timer
+// (ns, comparable across SMs) at its start and at its consumers' end ([grid CTAs][2]).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,7 @@ struct TimelineBuffer {
   int first_cta = 0;
   int ctas = 0;
   int capacity = 0;  // records per role
+  uint64_t* cta_spans = nullptr;
 };
 
 #ifdef MLAKIT_SM90_TIMELINE
@@ -43,8 +46,20 @@ __device__ __forceinline__ void timeline_reset() {
   if (threadIdx.x < 3) timeline_count[threadIdx.x] = 0;
 }
 
+__device__ __forceinline__ int64_t timeline_linear_cta() {
+  return blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+}
+
+// Global timer of this CTA's start (end = false) or end, by one thread.
+__device__ __forceinline__ void timeline_cta_span(bool end) {
+  if (g_timeline.cta_spans == nullptr) return;
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  g_timeline.cta_spans[2 * timeline_linear_cta() + (end ? 1 : 0)] = ns;
+}
+
 __device__ __forceinline__ void timeline_stamp(TimelineEvent e) {
-  const int cta = static_cast<int>(blockIdx.x) - g_timeline.first_cta;
+  const int64_t cta = timeline_linear_cta() - g_timeline.first_cta;
   if (threadIdx.x % 128 != 0 || cta < 0 || cta >= g_timeline.ctas) return;
   const int role = threadIdx.x / 128;
   const uint32_t clock = static_cast<uint32_t>(clock64());
@@ -57,9 +72,11 @@ __device__ __forceinline__ void timeline_stamp(TimelineEvent e) {
 }
 #define MLAKIT_SM90_TIMELINE_RESET() ::mlakit::detail::sm90::timeline_reset()
 #define MLAKIT_SM90_STAMP(event) ::mlakit::detail::sm90::timeline_stamp(::mlakit::detail::sm90::TimelineEvent::event)
+#define MLAKIT_SM90_CTA_SPAN(end) ::mlakit::detail::sm90::timeline_cta_span(end)
 #else
 #define MLAKIT_SM90_TIMELINE_RESET() ((void)0)
 #define MLAKIT_SM90_STAMP(event) ((void)0)
+#define MLAKIT_SM90_CTA_SPAN(end) ((void)0)
 #endif
 
 }  // namespace mlakit::detail::sm90

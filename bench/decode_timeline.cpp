@@ -1,0 +1,244 @@
+// mlakit-decode-timeline: where the time of the Hopper dense decode goes, per CTA and per
+// segment (one sequence piece of a CTA's part). Builds a benchmark case (bench/cases.cpp: the
+// same lengths, block table and data), plans it with the library, and launches a traced copy
+// of the kernel (decode_timeline_kernel.cu) that stamps its roles' events in SM cycles
+// (src/kernels/sm90/timeline.cuh) and every CTA's start and end on the global timer. Prints:
+//   - the CTAs' start and end spread, and a least-squares fit of each CTA's duration to its
+//     tiles and segments: what a tile and a segment cost beyond the pairs' steady rate;
+//   - per-segment phases in cycles: Q load (previous segment stored -> Q loaded), the wait for
+//     the segment's first tile, its pairs (first, middle, last), the store (split / direct).
+// Usage: mlakit-decode-timeline CASE_FILTER [records per role (4096)]
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench/cases.h"
+#include "bench/check.h"
+#include "bench/measure.h"
+#include "bench/timeline_trace.h"
+#include "common/decode_schedule.h"
+#include "dispatch/mla_decode_dispatch.h"
+#include "kernels/sm90/launch.h"
+#include "support/gpu_timing.h"
+
+extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap* kv_map, int box_rows,
+                                           const void* timeline, cudaStream_t stream);
+
+namespace {
+
+using namespace mlakit;
+using timeline_tool::RoleTrace;
+using timeline_tool::Stat;
+using timeline_tool::TimelineEvent;
+
+// One segment of a CTA as the planner scheduled it (the host replay of for_each_segment).
+struct PlannedSegment {
+  int tiles = 0;
+  bool split = false;  // written as a partial for the combine
+};
+
+// The segments of part `part` for a row tile whose rows see every key (non-causal cases).
+std::vector<PlannedSegment> planned_segments(const detail::PartRange& r, const std::vector<int32_t>& lengths,
+                                             const std::vector<int32_t>& split_prefix, int block_n) {
+  std::vector<PlannedSegment> out;
+  int block = r.begin_block;
+  for (int seq = r.begin_seq; seq < r.end_seq || (seq == r.end_seq && block < r.end_block); ++seq) {
+    const int blocks = static_cast<int>(detail::key_blocks(lengths[seq], block_n));
+    const int block_end = seq == r.end_seq ? r.end_block : blocks;
+    if (block < block_end) {
+      const int key_end = std::min(block_end * block_n, lengths[seq]);
+      out.push_back({(key_end - block * block_n + 63) / 64, split_prefix[seq + 1] - split_prefix[seq] > 1});
+    }
+    block = 0;
+  }
+  return out;
+}
+
+// Least squares y = a x1 + b x2 + c (3 x 3 normal equations, Cramer's rule).
+void fit3(const std::vector<double>& x1, const std::vector<double>& x2, const std::vector<double>& y, double* a,
+          double* b, double* c) {
+  double m[3][4] = {};
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double v[3] = {x1[i], x2[i], 1.0};
+    for (int r = 0; r < 3; ++r) {
+      for (int k = 0; k < 3; ++k) m[r][k] += v[r] * v[k];
+      m[r][3] += v[r] * y[i];
+    }
+  }
+  auto det = [](double q[3][3]) {
+    return q[0][0] * (q[1][1] * q[2][2] - q[1][2] * q[2][1]) - q[0][1] * (q[1][0] * q[2][2] - q[1][2] * q[2][0]) +
+           q[0][2] * (q[1][0] * q[2][1] - q[1][1] * q[2][0]);
+  };
+  double base[3][3];
+  for (int r = 0; r < 3; ++r)
+    for (int k = 0; k < 3; ++k) base[r][k] = m[r][k];
+  const double d = det(base);
+  double out[3] = {0, 0, 0};
+  for (int col = 0; col < 3 && std::fabs(d) > 1e-9; ++col) {
+    double q[3][3];
+    for (int r = 0; r < 3; ++r)
+      for (int k = 0; k < 3; ++k) q[r][k] = k == col ? m[r][3] : m[r][k];
+    out[col] = det(q) / d;
+  }
+  *a = out[0];
+  *b = out[1];
+  *c = out[2];
+}
+
+template <typename T>
+std::vector<T> download(const void* base, std::size_t offset, std::size_t count) {
+  std::vector<T> out(count);
+  BENCH_CUDA(cudaMemcpy(out.data(), static_cast<const char*>(base) + offset, count * sizeof(T),
+                        cudaMemcpyDeviceToHost));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: mlakit-decode-timeline CASE_FILTER [records per role]\n");
+    return 2;
+  }
+  const std::vector<bench::BenchCase> cases = bench::filter_cases(bench::bench_cases(false), argv[1]);
+  const int capacity = argc > 2 ? std::atoi(argv[2]) : 4096;
+  cudaStream_t stream = nullptr;
+  support::L2Flusher flusher;
+  for (const bench::BenchCase& bc : cases) {
+    if (bc.causal) continue;  // planned_segments assumes every row sees every key
+    bench::DeviceDecodeCase d = bench::make_device_case(bc, DType::kBF16, stream);
+    const MlaDecodeProblem problem = d.host.problem();
+    const MlaDecodeOptions options{.kernel = MlaDecodeKernel::kSm90};
+    std::size_t workspace_bytes = 0;
+    BENCH_STATUS(mla_decode_workspace_size(problem, &workspace_bytes, options));
+    bench::DeviceBuffer workspace(workspace_bytes);
+    MlaDecodePlan plan;
+    BENCH_STATUS(mla_decode_plan(problem, d.args.cache_seqlens, workspace.get(), workspace_bytes, stream, &plan,
+                                 options));
+    const detail::MlaDecodeParams params = detail::make_decode_params(d.args, plan, d.args.softmax_scale);
+    const int box_rows = detail::sm90_box_rows(bc.page);
+    CUtensorMap kv_map;
+    std::string why;
+    if (box_rows == 0 || !detail::make_kv_tensor_map(d.args.kv_cache, box_rows, &kv_map, &why)) {
+      bench::fail(bc.name + ": no tensor map: " + why);
+    }
+    const int row_tiles = (params.rows + 63) / 64;
+    const int ctas = row_tiles * params.h_kv * params.num_parts;
+    bench::DeviceBuffer records(static_cast<std::size_t>(ctas) * timeline_tool::kRoles * capacity * 8);
+    bench::DeviceBuffer spans(static_cast<std::size_t>(ctas) * 2 * 8);
+    const detail::sm90::TimelineBuffer buffer{.records = static_cast<uint64_t*>(records.get()),
+                                              .first_cta = 0,
+                                              .ctas = ctas,
+                                              .capacity = capacity,
+                                              .cta_spans = static_cast<uint64_t*>(spans.get())};
+    cudaEvent_t start, stop;
+    BENCH_CUDA(cudaEventCreate(&start));
+    BENCH_CUDA(cudaEventCreate(&stop));
+    float ms = 0;
+    for (int run = 0; run < 3; ++run) {  // the last run's records stay
+      records.fill_bytes(0);
+      flusher.flush(stream);
+      BENCH_CUDA(cudaEventRecord(start, stream));
+      BENCH_CUDA(traced_dense_decode(&params, &kv_map, box_rows, &buffer, stream));
+      BENCH_CUDA(cudaEventRecord(stop, stream));
+      BENCH_CUDA(cudaEventSynchronize(stop));
+      BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    }
+    const auto raw = records.download<uint64_t>();
+    const auto span = spans.download<uint64_t>();
+    const auto parts = download<detail::PartRange>(workspace.get(), plan.part_ranges_offset, plan.num_parts);
+    const auto split_prefix = download<int32_t>(workspace.get(), plan.split_prefix_offset, problem.b + 1);
+    std::printf("\n== %s: %.1f us (traced kernel, no combine), %d CTAs (%d row tiles x %d parts)\n", bc.name.c_str(),
+                ms * 1e3, ctas, row_tiles, params.num_parts);
+
+    // CTA spans on the global timer, and the fit of each duration to tiles and segments.
+    uint64_t first_start = ~0ull, last_start = 0, last_end = 0;
+    for (int i = 0; i < ctas; ++i) {
+      first_start = std::min(first_start, span[2 * i]);
+      last_start = std::max(last_start, span[2 * i]);
+      last_end = std::max(last_end, span[2 * i + 1]);
+    }
+    std::vector<double> tiles_of, segs_of, dur_of;
+    Stat end_spread;
+    std::map<std::string, Stat> st;
+    auto add = [&](const std::string& name, double v) { st[name].add(v); };
+    bool truncated = false;
+    for (int i = 0; i < ctas; ++i) {
+      const int part = i / (row_tiles * params.h_kv);
+      const auto planned = planned_segments(parts[part], d.host.seqlens, split_prefix, params.block_n);
+      int tiles = 0;
+      for (const auto& s : planned) tiles += s.tiles;
+      tiles_of.push_back(tiles);
+      segs_of.push_back(static_cast<double>(planned.size()));
+      dur_of.push_back(static_cast<double>(span[2 * i + 1] - span[2 * i]));
+      end_spread.add(static_cast<double>(last_end - span[2 * i + 1]) * 1e-3);
+
+      RoleTrace role[timeline_tool::kRoles];
+      timeline_tool::read_roles(raw, i, capacity, role);
+      for (int w = 0; w < 2; ++w) {
+        const RoleTrace& c = role[1 + w];
+        if (static_cast<int>(c.records.size()) >= capacity) truncated = true;
+        const std::string cw = "C" + std::to_string(w) + " ";
+        const auto q_loaded = c.at(TimelineEvent::kConsumerQLoaded);
+        const auto stored = c.at(TimelineEvent::kConsumerStored);
+        const auto pair_start = c.at(TimelineEvent::kConsumerPairStart);
+        const auto pair_end = c.at(TimelineEvent::kConsumerPairEnd);
+        const auto first_slab = c.at(TimelineEvent::kConsumerFirstSlab);
+        if (stored.size() != planned.size() || q_loaded.size() != planned.size()) continue;
+        const uint32_t t0 = role[0].records.empty() ? q_loaded[0] : role[0].records.front().clock;
+        size_t pair = 0, slab = 0;
+        for (size_t k = 0; k < planned.size(); ++k) {
+          const int pairs = (planned[k].tiles + 1) / 2;
+          const uint32_t before = k == 0 ? t0 : stored[k - 1];
+          add(cw + (k == 0 ? "CTA start -> first Q loaded" : "Q load (stored -> Q loaded)"),
+              static_cast<int32_t>(q_loaded[k] - before));
+          if (pair + pairs > pair_end.size()) break;
+          // Consumer 1 computes no S in a lone tile A: its first slab stamps skip those pairs.
+          const bool own_tile = w == 0 || planned[k].tiles >= 2;
+          if (own_tile && slab < first_slab.size()) {
+            add(cw + "Q loaded -> own first slab", static_cast<int32_t>(first_slab[slab] - q_loaded[k]));
+          }
+          for (int j = 0; j < pairs; ++j, ++pair) {
+            const double cycles = static_cast<int32_t>(pair_end[pair] - pair_start[pair]);
+            const bool lone = j == pairs - 1 && planned[k].tiles % 2 == 1;
+            add(cw + (j == 0 ? "pair, first of segment" : (j == pairs - 1 ? (lone ? "pair, last (lone tile A)" : "pair, last") : "pair, middle")),
+                cycles);
+            if (w == 0 || !lone) ++slab;
+          }
+          add(cw + (planned[k].split ? "store (split: f32 partial)" : "store (direct)"),
+              static_cast<int32_t>(stored[k] - pair_end[pair - 1]));
+          add(cw + "segment (stored -> stored)", static_cast<int32_t>(stored[k] - before));
+        }
+      }
+    }
+    double a = 0, b = 0, c = 0;
+    fit3(tiles_of, segs_of, dur_of, &a, &b, &c);
+    Stat dur, tl, sg;
+    for (size_t i = 0; i < dur_of.size(); ++i) {
+      dur.add(dur_of[i] * 1e-3);
+      tl.add(tiles_of[i]);
+      sg.add(segs_of[i]);
+    }
+    std::printf("CTA starts spread over %.1f us; kernel span (first start -> last end) %.1f us\n",
+                (last_start - first_start) * 1e-3, (last_end - first_start) * 1e-3);
+    std::printf("CTA duration us mean %.1f min %.1f max %.1f; tiles mean %.1f max %.0f; segments mean %.2f max %.0f\n",
+                dur.mean(), dur.lo, dur.hi, tl.mean(), tl.hi, sg.mean(), sg.hi);
+    std::printf("CTA end before the last one: mean %.1f us, max %.1f us\n", end_spread.mean(), end_spread.hi);
+    std::printf("fit: duration = %.0f ns x tiles + %.0f ns x segments + %.0f ns\n", a, b, c);
+    if (truncated) std::printf("(some roles filled their %d records: raise the capacity)\n", capacity);
+    std::printf("%-44s %10s %10s %10s %8s\n", "interval (cycles)", "mean", "min", "max", "count");
+    for (const auto& [name, s] : st) {
+      std::printf("%-44s %10.0f %10.0f %10.0f %8d\n", name.c_str(), s.mean(), s.lo, s.hi, s.n);
+    }
+    BENCH_CUDA(cudaEventDestroy(start));
+    BENCH_CUDA(cudaEventDestroy(stop));
+  }
+  return 0;
+}

@@ -1,0 +1,30 @@
+// The traced copy of the Hopper dense decode for mlakit-decode-timeline: compiled with
+// MLAKIT_SM90_TIMELINE and every namespace renamed (-Dmlakit=mlakit_timeline, set on this file
+// only), so it shares no symbol with the library's kernel. Its entry point has C linkage and
+// untyped pointers: the caller (decode_timeline.cpp) fills the parameters and the timeline
+// buffer through the library's own headers, whose types have the same layout here.
+#include <cuda_bf16.h>
+
+#include "kernels/sm90/mla_decode_sm90_kernel.cuh"
+
+#ifndef MLAKIT_SM90_TIMELINE
+#error "decode_timeline_kernel.cu needs MLAKIT_SM90_TIMELINE (set by its CMake target)"
+#endif
+
+// Launches the traced bf16 kernel (no combine) on `stream` with `params` (MlaDecodeParams)
+// and `timeline` (TimelineBuffer, copied to the kernel's global before the launch).
+extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap* kv_map, int box_rows,
+                                           const void* timeline, cudaStream_t stream) {
+  namespace d = mlakit::detail;
+  using C = d::sm90::Sm90DecodeConfig;
+  const auto& p = *static_cast<const d::MlaDecodeParams*>(params);
+  cudaError_t err = cudaMemcpyToSymbolAsync(d::sm90::g_timeline, timeline, sizeof(d::sm90::TimelineBuffer), 0,
+                                            cudaMemcpyHostToDevice, stream);
+  if (err != cudaSuccess) return err;
+  auto kernel = &d::sm90::mla_decode_sm90_kernel<__nv_bfloat16>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, d::sm90::kSm90SmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.rows + C::kRows - 1) / C::kRows, p.h_kv, p.num_parts);
+  kernel<<<grid, C::kThreads, d::sm90::kSm90SmemBytes, stream>>>(p, *kv_map, box_rows);
+  return cudaGetLastError();
+}

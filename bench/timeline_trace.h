@@ -1,0 +1,61 @@
+// Reading the role timelines that a traced Hopper kernel wrote (src/kernels/sm90/timeline.cuh):
+// one CTA's records per role, and running statistics of cycle intervals. Shared by the
+// timeline tools (bench/timeline.cu, bench/decode_timeline.cpp); each is its own executable.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/sm90/timeline.cuh"
+
+namespace timeline_tool {
+
+using TimelineEvent = ::mlakit::detail::sm90::TimelineEvent;
+inline constexpr int kRoles = 3;  // producer, consumer 0, consumer 1
+
+struct Record {
+  TimelineEvent event;
+  uint32_t clock;
+};
+
+// The records of one role, and the clocks of its k-th occurrence of each event.
+struct RoleTrace {
+  std::vector<Record> records;
+  std::vector<uint32_t> at(TimelineEvent e) const {
+    std::vector<uint32_t> out;
+    for (const Record& r : records) {
+      if (r.event == e) out.push_back(r.clock);
+    }
+    return out;
+  }
+};
+
+// The roles of traced CTA `cta` from the raw [ctas][3][capacity] buffer (zeroed before the
+// run, so a zero record ends a role's list).
+inline void read_roles(const std::vector<uint64_t>& raw, int cta, int capacity, RoleTrace (&role)[kRoles]) {
+  for (int r = 0; r < kRoles; ++r) {
+    role[r].records.clear();
+    for (int k = 0; k < capacity; ++k) {
+      const uint64_t v = raw[(static_cast<size_t>(cta) * kRoles + r) * capacity + k];
+      if (v == 0) break;
+      role[r].records.push_back({static_cast<TimelineEvent>(v >> 32), static_cast<uint32_t>(v)});
+    }
+  }
+}
+
+// Mean and range of a series of cycle counts.
+struct Stat {
+  double sum = 0, lo = 1e30, hi = -1e30;
+  int n = 0;
+  void add(double v) {
+    sum += v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+    ++n;
+  }
+  double mean() const { return n > 0 ? sum / n : 0; }
+};
+
+}  // namespace timeline_tool
