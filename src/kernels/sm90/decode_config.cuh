@@ -22,6 +22,10 @@ struct Sm90DecodeConfig {
   static constexpr int kStages = 2;   // tile A of a pair in stage 0, tile B in stage 1
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
+  // Dense decode: warps 1-3 of warpgroup 0 load Q (decode_q_loader.cuh); the gathering
+  // producers of the sparse kernels use all of warpgroup 0 and the consumers load Q themselves.
+  static constexpr int kQLoaderFirstThread = 32;
+  static constexpr int kQLoaderThreads = 96;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   // The FP8 sparse decode's producer dequantizes and keeps raw slabs in flight in registers
@@ -66,6 +70,11 @@ struct Sm90DecodeSmem {
   // slabs 4..8 (empty_count() says who releases what), so a producer refills slabs 0..3 of
   // tile A while consumer 1 still reads slabs 4..8.
   uint64_t empty[C::kStages][2];
+  // Q loader hand-offs (dense decode): q_full completes when a segment's Q tile has landed
+  // (kQLoaderThreads cp.async arrivals), q_empty when both consumers' last S of a segment is
+  // done (one arrival each).
+  uint64_t q_full;
+  uint64_t q_empty;
   int stage_bad[C::kStages];
   uint16_t key_valid[C::kStages][4];  // gathered tiles: valid-slot mask, 16 keys per producer warp
 };
@@ -83,7 +92,8 @@ __host__ __device__ constexpr uint32_t empty_count(int stage, int half) {
 
 // The CTA's shared memory (1024-aligned in the dynamic allocation) with its barriers set up by
 // thread 0 before a CTA-wide barrier: full[s][slab] expects full_count(slab) arrivals (1 for
-// TMA tiles, the gathering threads for gathered ones), empty[s][half] empty_count(s, half).
+// TMA tiles, the gathering threads for gathered ones), empty[s][half] empty_count(s, half),
+// q_full and q_empty as their comment says.
 template <typename FullCount>
 __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, FullCount full_count) {
   using C = Sm90DecodeConfig;
@@ -94,6 +104,8 @@ __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, Ful
       for (int half = 0; half < 2; ++half) device::sm90::mbarrier_init(&sm.empty[s][half], empty_count(s, half));
       sm.stage_bad[s] = 0;
     }
+    device::sm90::mbarrier_init(&sm.q_full, C::kQLoaderThreads);
+    device::sm90::mbarrier_init(&sm.q_empty, 2);
     device::sm90::fence_mbarrier_init();
   }
   __syncthreads();
