@@ -22,6 +22,12 @@ __device__ __forceinline__ void cp_async_16_or_zero(void* smem_dst, const void* 
                "r"(copy ? 16 : 0));
 }
 
+// The same to a shared-memory address (cvta'd once by the caller, so a loop over chunks
+// keeps one 32-bit base instead of 64-bit generic pointers).
+__device__ __forceinline__ void cp_async_16_or_zero(uint32_t smem_dst, const void* gmem_src, bool copy) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(copy ? 16 : 0));
+}
+
 // cp.async.mbarrier.arrive.noinc.shared::cta.b64: one arrival on `bar` once every cp.async
 // this thread issued so far has landed (the barrier's count includes these arrivals).
 __device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {

@@ -41,6 +41,7 @@ struct Sm90DecodeConfig {
   static constexpr uint32_t kBarP0Ready = 2;    // consumer 0 arrives, consumer 1 syncs
   static constexpr uint32_t kBarP1Ready = 3;    // consumer 1 arrives, consumer 0 syncs
   static constexpr uint32_t kBarZeroed = 4;     // + w: one consumer's zeroed cache rows
+  static constexpr uint32_t kBarQLoader = 6;    // the Q loader's threads: row offsets written
 
   // The halves of a stage that are released separately (Sm90DecodeSmem::empty).
   static constexpr int kLowSlabs = 0;   // V slabs 0..3: consumer 0's P·V columns
@@ -75,6 +76,9 @@ struct Sm90DecodeSmem {
   // done (one arrival each).
   uint64_t q_full;
   uint64_t q_empty;
+  // Element offset of each Q tile row within its sequence, -1 for padding rows: the same in
+  // every segment of the CTA (decode_q_loader.cuh).
+  int64_t q_row_offset[C::kRows];
   int stage_bad[C::kStages];
   uint16_t key_valid[C::kStages][4];  // gathered tiles: valid-slot mask, 16 keys per producer warp
 };

@@ -221,7 +221,9 @@ class Sm90Consumer {
 
   // Gathered kernels: the segment's Q tile copied by both consumers (all in flight at once).
   __device__ void load_q(int seq) {
-    copy_q_tile<Elem>(p_, sm_, seq, hk_, tile_, t_, C::kConsumerThreads);
+    fill_q_row_offsets(p_, sm_, hk_, tile_, t_, C::kConsumerThreads);
+    dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
+    copy_q_tile<Elem>(p_, sm_, seq, t_, C::kConsumerThreads);
     device::cp_async_wait_all();
     dev::fence_proxy_async_smem();
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
