@@ -22,10 +22,6 @@ struct Sm90DecodeConfig {
   static constexpr int kStages = 2;   // tile A of a pair in stage 0, tile B in stage 1
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
-  // Dense decode: warps 1-3 of warpgroup 0 load Q (decode_q_loader.cuh); the gathering
-  // producers of the sparse kernels use all of warpgroup 0 and the consumers load Q themselves.
-  static constexpr int kQLoaderFirstThread = 32;
-  static constexpr int kQLoaderThreads = 96;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   // The FP8 sparse decode's producer dequantizes and keeps raw slabs in flight in registers
@@ -41,7 +37,6 @@ struct Sm90DecodeConfig {
   static constexpr uint32_t kBarP0Ready = 2;    // consumer 0 arrives, consumer 1 syncs
   static constexpr uint32_t kBarP1Ready = 3;    // consumer 1 arrives, consumer 0 syncs
   static constexpr uint32_t kBarZeroed = 4;     // + w: one consumer's zeroed cache rows
-  static constexpr uint32_t kBarQLoader = 6;    // the Q loader's threads: row offsets written
 
   // The halves of a stage that are released separately (Sm90DecodeSmem::empty).
   static constexpr int kLowSlabs = 0;   // V slabs 0..3: consumer 0's P·V columns
@@ -71,13 +66,8 @@ struct Sm90DecodeSmem {
   // slabs 4..8 (empty_count() says who releases what), so a producer refills slabs 0..3 of
   // tile A while consumer 1 still reads slabs 4..8.
   uint64_t empty[C::kStages][2];
-  // Q loader hand-offs (dense decode): q_full completes when a segment's Q tile has landed
-  // (kQLoaderThreads cp.async arrivals), q_empty when both consumers' last S of a segment is
-  // done (one arrival each).
-  uint64_t q_full;
-  uint64_t q_empty;
   // Element offset of each Q tile row within its sequence, -1 for padding rows: the same in
-  // every segment of the CTA (decode_q_loader.cuh).
+  // every segment of the CTA (decode_q_tile.cuh).
   int64_t q_row_offset[C::kRows];
   int stage_bad[C::kStages];
   uint16_t key_valid[C::kStages][4];  // gathered tiles: valid-slot mask, 16 keys per producer warp
@@ -96,8 +86,7 @@ __host__ __device__ constexpr uint32_t empty_count(int stage, int half) {
 
 // The CTA's shared memory (1024-aligned in the dynamic allocation) with its barriers set up by
 // thread 0 before a CTA-wide barrier: full[s][slab] expects full_count(slab) arrivals (1 for
-// TMA tiles, the gathering threads for gathered ones), empty[s][half] empty_count(s, half),
-// q_full and q_empty as their comment says.
+// TMA tiles, the gathering threads for gathered ones), empty[s][half] empty_count(s, half).
 template <typename FullCount>
 __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, FullCount full_count) {
   using C = Sm90DecodeConfig;
@@ -108,8 +97,6 @@ __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, Ful
       for (int half = 0; half < 2; ++half) device::sm90::mbarrier_init(&sm.empty[s][half], empty_count(s, half));
       sm.stage_bad[s] = 0;
     }
-    device::sm90::mbarrier_init(&sm.q_full, C::kQLoaderThreads);
-    device::sm90::mbarrier_init(&sm.q_empty, 2);
     device::sm90::fence_mbarrier_init();
   }
   __syncthreads();

@@ -32,7 +32,7 @@
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "kernels/sm90/decode_config.cuh"
-#include "kernels/sm90/decode_q_loader.cuh"
+#include "kernels/sm90/decode_q_tile.cuh"
 #include "kernels/sm90/timeline.cuh"
 
 namespace mlakit::detail::sm90 {
@@ -44,11 +44,6 @@ namespace dev = mlakit::device::sm90;
 // are tight). Scheduled sequence seq addresses q / out / lse through seq_offset (the sparse
 // decode schedules one sequence per (batch entry, query token)).
 //
-// Q: the dense decode's Q loader warps (decode_q_loader.cuh) copy each segment's Q tile while
-// the consumers finish the previous segment (kQFromLoader: the consumers wait on q_full and
-// arrive on q_empty after their last S of a segment); the gathering producers of the sparse
-// kernels occupy all of warpgroup 0, so there the consumers copy Q themselves at segment start.
-//
 // kPvA1First: consumer 1 takes the P_A hand-off and issues P_A V_A,1 before S_B instead of
 // after it, so P_A V_A,1 runs while a late tile B lands. Measured on the H200 (2026-11-22):
 // FP8 sparse decode h_q 64 topk 2048 257 vs 270 us, h_q 128 neutral; the sparse prefill 8%
@@ -59,7 +54,6 @@ class Sm90Consumer {
   using Ops = device::ElemOps<Elem>;
   using Mma64 = device::sm90::Wgmma<64, Elem>;
   using Mma256 = device::sm90::Wgmma<256, Elem>;
-  static constexpr bool kQFromLoader = !kGathered;
 
  public:
   // Rows tile * 64 .. of kv head hk.
@@ -68,11 +62,7 @@ class Sm90Consumer {
         r0_(16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4), hk_(hk), tile_(tile) {}
 
   __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split) {
-    if constexpr (kQFromLoader) {
-      wait_q();
-    } else {
-      load_q(seq);
-    }
+    load_q(seq);
     MLAKIT_SM90_STAMP(kConsumerQLoaded);
     lim_[0] = row_limit(r0_, L, key_end);
     lim_[1] = row_limit(r0_ + 8, L, key_end);
@@ -82,16 +72,14 @@ class Sm90Consumer {
     l_[0] = l_[1] = 0.f;
     bad_ = false;
     const int tiles = segment_tiles(p_, hk_, tile_, L, key_begin, key_end);
-    if (tiles == 0) release_q();  // no S in this segment
     for (int i = 0; i < tiles; i += 2) {
       const int start_a = key_begin + i * C::kKeys;
       const bool has_b = i + 1 < tiles;
-      const bool last = i + 2 >= tiles;
       MLAKIT_SM90_STAMP(kConsumerPairStart);
       if (w_ == 0) {
-        pair_consumer0(start_a, has_b, last, key_end);
+        pair_consumer0(start_a, has_b, key_end);
       } else {
-        pair_consumer1(start_a, has_b, last, key_end);
+        pair_consumer1(start_a, has_b, key_end);
       }
       MLAKIT_SM90_STAMP(kConsumerPairEnd);
     }
@@ -102,14 +90,13 @@ class Sm90Consumer {
  private:
   // ---- one pair of tiles, per consumer --------------------------------------------------
 
-  __device__ void pair_consumer0(int start_a, bool has_b, bool last, int key_end) {
+  __device__ void pair_consumer0(int start_a, bool has_b, int key_end) {
     float s[32];
     bad_ |= issue_scores(s, 0, start_a, key_end);
     dev::wgmma_wait<0>();  // S_A, and the previous pair's P_B V_B,0
     dev::fence_registers(s);
     MLAKIT_SM90_STAMP(kConsumerScores);
     release(0, C::kHighSlabs);  // S_A was this consumer's last read of slabs 4..8 of stage 0
-    if (last) release_q();
     float m_a[2], sum_a[2];
     softmax(s, start_a, m_a, sum_a);
     publish(s, m_a, C::kBarP0Ready);
@@ -140,9 +127,8 @@ class Sm90Consumer {
     }
   }
 
-  __device__ void pair_consumer1(int start_a, bool has_b, bool last, int key_end) {
+  __device__ void pair_consumer1(int start_a, bool has_b, int key_end) {
     if (!has_b) {  // lone tile A: only its P·V for this consumer's columns
-      release_q();  // the segment's last pair: no S left for this consumer
       float m_a[2];
       receive_tile_a(m_a);
       rescale(m_a);
@@ -168,7 +154,6 @@ class Sm90Consumer {
       MLAKIT_SM90_STAMP(kConsumerScores);
       release(0, C::kHighSlabs);
       release(1, C::kLowSlabs);  // S_B was this consumer's last read of slabs 0..3 of stage 1
-      if (last) release_q();
       softmax(s, start_b, m_b, sum_b);
       publish(s, m_b, C::kBarP1Ready);
     } else {
@@ -181,7 +166,6 @@ class Sm90Consumer {
       dev::fence_registers(s);
       MLAKIT_SM90_STAMP(kConsumerScores);
       release(1, C::kLowSlabs);  // S_B was this consumer's last read of slabs 0..3 of stage 1
-      if (last) release_q();
       rescale(m_a);
       issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
       softmax(s, start_b, m_b, sum_b);  // overlaps P_A V_A,0 and P_A V_A,1
@@ -219,7 +203,7 @@ class Sm90Consumer {
     return min(key_end, visible_keys(p_, L, row_coord(p_, hk_, row).t));
   }
 
-  // Gathered kernels: the segment's Q tile copied by both consumers (all in flight at once).
+  // The segment's Q tile, copied by both consumers (all in flight at once).
   __device__ void load_q(int seq) {
     fill_q_row_offsets(p_, sm_, hk_, tile_, t_, C::kConsumerThreads);
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
@@ -227,22 +211,6 @@ class Sm90Consumer {
     device::cp_async_wait_all();
     dev::fence_proxy_async_smem();
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
-  }
-
-  // Dense decode: the Q loader's copy of the segment's Q tile has landed.
-  __device__ void wait_q() {
-    dev::mbarrier_wait(&sm_.q_full, q_phase_);
-    q_phase_ ^= 1;
-    // cp.async wrote Q through the generic proxy; wgmma reads it through the async one.
-    dev::fence_proxy_async_smem();
-  }
-
-  // This consumer's last S of the segment is done: Q may be overwritten (one arrival per
-  // consumer on q_empty). Nothing to do where the consumers load Q themselves.
-  __device__ void release_q() {
-    if constexpr (kQFromLoader) {
-      if (t_ % 128 == 0) dev::mbarrier_arrive(&sm_.q_empty);
-    }
   }
 
   // Starts on this consumer's tile: a tile that extends past the segment is waited for whole
@@ -531,7 +499,6 @@ class Sm90Consumer {
   Sm90DecodeSmem& sm_;
   const int w_, t_, lane_, r0_, hk_, tile_;
   uint32_t phase_ = 0;  // parity of this consumer's next wait on full[w][*]
-  uint32_t q_phase_ = 0;  // parity of the next wait on q_full
   int lim_[2] = {0, 0};
   float m_[2], l_[2];
   bool bad_ = false;

@@ -7,9 +7,6 @@
 // Warp roles (warpgroup = 128 threads):
 //   WG0, warp 0  producer (decode_producer.cuh): block-table lookups and TMA loads of 64-key
 //                cache tiles, tile j of a segment into stage j % 2; setmaxnreg.dec.
-//   WG0, warps 1-3  Q loader (decode_q_loader.cuh): each segment's Q tile by cp.async once
-//                the previous segment's last S is done (q_empty -> q_full), then the next
-//                segment's Q rows into L2.
 //   WG1, WG2     consumers 0 and 1 (decode_consumer.cuh): seesaw over pairs of tiles, each
 //                computing S of its own tile and P·V of both tiles for its half of the
 //                output columns; setmaxnreg.inc.
@@ -17,8 +14,7 @@
 // empty[s][half] (V slabs 0..3 / slabs 4..8, one arrival per last reader after its last wgmma
 // reading that half: empty_count in decode_config.cuh). The consumer of stage s waits
 // full[s][*] with parity starting at 0, the producer waits empty[s][*] with parity starting at
-// 1 (first lap passes); q_full / q_empty likewise between the Q loader and the consumers.
-// Shared-memory map: decode_config.cuh.
+// 1 (first lap passes). Shared-memory map: decode_config.cuh.
 #pragma once
 
 #include <cuda.h>
@@ -28,7 +24,6 @@
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/decode_consumer.cuh"
 #include "kernels/sm90/decode_producer.cuh"
-#include "kernels/sm90/decode_q_loader.cuh"
 
 namespace mlakit::detail::sm90 {
 
@@ -45,11 +40,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int) { return 1; });  // one TMA producer arrival
   if (threadIdx.x < 128) {
     dev::setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x < C::kQLoaderFirstThread) {
-      produce(p, kv_map, box_rows, sm);
-    } else {
-      load_q_tiles<Elem>(p, sm);
-    }
+    if (threadIdx.x < 32) produce(p, kv_map, box_rows, sm);
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
     Sm90Consumer<Elem> consumer(p, sm, blockIdx.x, blockIdx.y);
