@@ -1,8 +1,7 @@
 // GPU unit tests of the Hopper primitive layer (src/device/sm90) against plain CPU loops:
 // wgmma SS and RS forms with 128B-swizzled descriptors (K-major and N-major B), TMA loads of a paged
 // cache through the kernels' tensor map with mbarrier completion, named barriers and
-// setmaxnreg, programmatic dependent launch. Each kernel is compiled for sm_90a only; the
-// tests skip on other GPUs.
+// setmaxnreg. Each kernel is compiled for sm_90a only; the tests skip on other GPUs.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
@@ -249,52 +248,6 @@ TEST(Sm90Primitives, NamedBarrierSyncsTwoWarpgroupsAfterSetmaxnreg) {
   MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
   const auto out = dout.download<int>();
   for (int t = 0; t < 256; ++t) ASSERT_EQ(out[t], 1000 + (t + 128) % 256) << "thread " << t;
-}
-
-
-// ---- programmatic dependent launch: griddepcontrol.launch_dependents / griddepcontrol.wait ----
-
-constexpr int kPdlValues = 1 << 16;
-
-// Lets its dependent launch at once, then spends ~50 us before writing: a dependent that did
-// not wait would read the old contents.
-__global__ void pdl_primary_kernel(int* data) {
-#if SM90_KERNEL_BODY
-  dev::grid_launch_dependents();
-  const long long start = clock64();
-  while (clock64() - start < 100000) {
-  }
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < kPdlValues; i += gridDim.x * blockDim.x) data[i] = 3 * i + 1;
-#endif
-}
-
-__global__ void pdl_dependent_kernel(const int* data, int* copy) {
-#if SM90_KERNEL_BODY
-  dev::grid_dependency_wait();
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < kPdlValues; i += gridDim.x * blockDim.x) copy[i] = data[i];
-#endif
-}
-
-TEST(Sm90Primitives, GridDependencyWaitSeesThePrimaryGridsWrites) {
-  SKIP_WITHOUT_HOPPER();
-  DeviceBuffer data(kPdlValues * 4), copy(kPdlValues * 4);
-  data.fill32(0);
-  copy.fill32(0xffffffffu);
-  pdl_primary_kernel<<<8, 256>>>(static_cast<int*>(data.get()));
-  MLAKIT_ASSERT_CUDA(cudaGetLastError());
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(8);
-  config.blockDim = dim3(256);
-  cudaLaunchAttribute pdl{};
-  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &pdl;
-  config.numAttrs = 1;
-  MLAKIT_ASSERT_CUDA(cudaLaunchKernelEx(&config, &pdl_dependent_kernel, static_cast<const int*>(data.get()),
-                                        static_cast<int*>(copy.get())));
-  MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto out = copy.download<int>();
-  for (int i = 0; i < kPdlValues; ++i) ASSERT_EQ(out[i], 3 * i + 1) << "value " << i;
 }
 
 }  // namespace

@@ -80,18 +80,6 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
-// ---- programmatic dependent launch (PTX ISA 9.7.13.x, "griddepcontrol") ----
-
-// griddepcontrol.launch_dependents: this CTA no longer holds back the launch of the grid that
-// depends on this one (a grid launched with programmatic stream serialization).
-__device__ __forceinline__ void grid_launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
-// griddepcontrol.wait: waits until the grids this one depends on have completed and their
-// memory is visible; returns at once in a grid launched without such a dependency.
-__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-
 // ---- fences and barriers ----
 
 // fence.proxy.async.shared::cta: generic-proxy shared-memory writes (st.shared) become

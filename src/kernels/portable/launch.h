@@ -28,12 +28,7 @@ template <typename Elem>
 cudaError_t launch_mla_portable_whole_sequence(const MlaDecodeParams& params, cudaStream_t stream);
 
 // Merges the partial results of split sequences and writes empty sequences (0, +inf).
-// `after_hopper_decode`: launched as a programmatic dependent (PDL) of the Hopper decode kernel
-// just launched on `stream`, which triggers its dependents at CTA start: the combine's CTAs
-// take the SMs as the decode frees them and wait in the kernel for its results, so the launch
-// gap leaves the step (compute capability 9.0 only).
 template <typename Elem>
-cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream,
-                                      bool after_hopper_decode = false);
+cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream);
 
 }  // namespace mlakit::detail

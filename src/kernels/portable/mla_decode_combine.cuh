@@ -13,7 +13,6 @@
 #include <cmath>
 
 #include "device/numeric.cuh"
-#include "device/sm90/sync.cuh"
 #include "kernels/decode_rows.cuh"
 #include "kernels/mla_decode_params.h"
 
@@ -45,12 +44,6 @@ __global__ void __launch_bounds__(CombineConfig::kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int splits = p.split_prefix[seq + 1] - p.split_prefix[seq];
   if (splits == 1) return;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the Hopper decode (launch_mla_decode_combine), this
-  // grid starts on the SMs the decode frees; the partials are complete only past this wait (a
-  // no-op in a plain launch). split_prefix, read above, comes from the plan, finished before.
-  device::sm90::grid_dependency_wait();
-#endif
   const int slot0 = p.partial_prefix[seq];
 
   for (int row = blockIdx.z * C::kWarps + warp; row < p.rows; row += gridDim.z * C::kWarps) {

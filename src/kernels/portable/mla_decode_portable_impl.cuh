@@ -37,21 +37,12 @@ cudaError_t launch_mla_portable_whole_sequence(const MlaDecodeParams& params, cu
 }
 
 template <typename Elem>
-cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream, bool after_hopper_decode) {
+cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream) {
   using C = portable::CombineConfig;
   const int row_groups = min((params.rows + C::kWarps - 1) / C::kWarps, C::kMaxRowGroups);
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(params.b), params.h_kv, row_groups);
-  config.blockDim = dim3(C::kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute pdl{};
-  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl.val.programmaticStreamSerializationAllowed = 1;
-  if (after_hopper_decode) {
-    config.attrs = &pdl;
-    config.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&config, &portable::mla_decode_combine_kernel<Elem>, params);
+  dim3 grid(static_cast<unsigned>(params.b), params.h_kv, row_groups);
+  portable::mla_decode_combine_kernel<Elem><<<grid, portable::CombineConfig::kThreads, 0, stream>>>(params);
+  return cudaGetLastError();
 }
 
 }  // namespace mlakit::detail

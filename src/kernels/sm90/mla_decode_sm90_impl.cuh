@@ -20,7 +20,7 @@ cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensor
   kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, kv_map, box_rows);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  return launch_mla_decode_combine<Elem>(params, stream, /*after_hopper_decode=*/true);
+  return launch_mla_decode_combine<Elem>(params, stream);
 }
 
 }  // namespace mlakit::detail

@@ -38,9 +38,6 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
   if (threadIdx.x == 0) MLAKIT_SM90_CTA_SPAN(false);
   Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int) { return 1; });  // one TMA producer arrival
-  // The combine is this grid's programmatic dependent: its launch need not wait for the end of
-  // the decode (it waits for the results itself, in the kernel).
-  if (threadIdx.x == 0) dev::grid_launch_dependents();
   if (threadIdx.x < 128) {
     dev::setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x < 32) produce(p, kv_map, box_rows, sm);
