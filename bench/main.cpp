@@ -3,11 +3,13 @@
 // copy ceiling in the same run; prints a table and appends JSON lines to <out>/<gpu>.jsonl.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/cases.h"
@@ -24,6 +26,7 @@ namespace {
 constexpr int kDefaultRuns = 20;
 constexpr int kMinRuns = 20;  // PERF.md: median of >= 20 runs
 constexpr int kWarmupRounds = 5;
+constexpr int kDefaultCooldownMs = 2000;
 
 struct Options {
   bool quick = false;
@@ -32,13 +35,14 @@ struct Options {
   std::string out_dir = "bench/results";
   DType dtype = DType::kBF16;
   MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
+  int cooldown_ms = kDefaultCooldownMs;
 };
 
 void print_usage(std::FILE* to) {
   std::fprintf(
       to,
       "usage: mlakit-bench [--quick] [--filter SUBSTRING] [--runs N] [--out DIR]\n"
-      "                    [--dtype bf16|fp16] [--kernel auto|portable|sm90]\n"
+      "                    [--dtype bf16|fp16] [--kernel auto|portable|sm90] [--cooldown-ms MS]\n"
       "  --quick            a few cases (dense b128 h_q128 s_k4096 and b32 h_q16 s_k8192, sparse decode\n"
       "                     b128 and b64, sparse prefill s_kv8192); allows --runs < %d\n"
       "  --filter SUBSTRING only the cases whose name contains SUBSTRING (several: a,b,c)\n"
@@ -46,8 +50,10 @@ void print_usage(std::FILE* to) {
       "  --out DIR          results directory (default bench/results); appends to DIR/<gpu>.jsonl\n"
       "  --dtype bf16|fp16  q and cache element type (default bf16)\n"
       "  --kernel K         auto (default: sm90 on Hopper), portable or sm90\n"
+      "  --cooldown-ms MS   the GPU idles MS milliseconds before each case (default %d), so that a case\n"
+      "                     does not inherit the clock the power manager lowered during the one before\n"
       "Environment: MLAKIT_COMMIT names the commit in the JSON (default \"unknown\").\n",
-      kMinRuns, kDefaultRuns, kMinRuns);
+      kMinRuns, kDefaultRuns, kMinRuns, kDefaultCooldownMs);
 }
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -80,6 +86,13 @@ Options parse_options(int argc, char** argv) {
         usage_error("--runs: expected a positive integer, got '" + v + "'");
       o.runs = static_cast<int>(n);
       runs_given = true;
+    } else if (arg == "--cooldown-ms") {
+      const std::string v = value();
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 0 || n > 600000)
+        usage_error("--cooldown-ms: expected an integer in [0, 600000], got '" + v + "'");
+      o.cooldown_ms = static_cast<int>(n);
     } else if (arg == "--out") {
       o.out_dir = value();
     } else if (arg == "--kernel") {
@@ -116,6 +129,7 @@ Options parse_options(int argc, char** argv) {
 struct RunInfo {
   std::string gpu;
   int sm_clock_mhz = 0;
+  int cooldown_ms = 0;
   int driver = 0;
   std::string commit;
   std::string dtype;
@@ -125,6 +139,7 @@ struct RunInfo {
 JsonLine run_fields(const RunInfo& info, JsonLine line) {
   return line.text("gpu", info.gpu)
       .integer("sm_clock_mhz", info.sm_clock_mhz)
+      .integer("cooldown_ms", info.cooldown_ms)
       .integer("driver", info.driver)
       .text("commit", info.commit)
       .integer("runs", info.runs)
@@ -176,6 +191,7 @@ JsonLine decode_json(const BenchCase& bc, const DecodeResult& r, const CopyResul
       .number("plan_us", r.plan_us)
       .number("combine_us", r.combine_us)
       .number("combine_hot_us", r.combine_hot_us)
+      .number("sm_mhz_measured", r.sm_mhz)
       .number("flops", r.flops)
       .number("bytes", r.bytes)
       .number("tflops", r.tflops)
@@ -221,6 +237,7 @@ int run(const Options& opt) {
   info.commit = commit != nullptr && commit[0] != '\0' ? commit : "unknown";
   info.dtype = dtype_name(opt.dtype);
   info.runs = opt.runs;
+  info.cooldown_ms = opt.cooldown_ms;
 
   std::error_code ec;
   std::filesystem::create_directories(opt.out_dir, ec);
@@ -239,12 +256,18 @@ int run(const Options& opt) {
   cudaStream_t stream = nullptr;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   support::L2Flusher flusher;
+  SmClockProbe clock;
   const RunSettings settings{.stream = stream,
                              .flusher = &flusher,
                              .warmup = kWarmupRounds,
                              .runs = opt.runs,
                              .dtype = opt.dtype,
-                             .kernel = opt.kernel};
+                             .kernel = opt.kernel,
+                             .clock = &clock};
+  const auto cool_down = [&] {
+    BENCH_CUDA(cudaDeviceSynchronize());
+    std::this_thread::sleep_for(std::chrono::milliseconds(opt.cooldown_ms));
+  };
 
   const CopyResult copy = measure_copy_bandwidth(settings);
   std::printf("copy bandwidth (device-to-device %zu MB, read + written): %.0f GB/s (%.1f us)\n\n",
@@ -255,31 +278,33 @@ int run(const Options& opt) {
                                                .number("time_us", copy.time_us)
                                                .number("gbps", copy.gbps)));
 
-  std::printf("%-38s %8s %10s %8s %8s %8s %8s %8s %7s %17s %8s\n", "case", "mean_s_k", "time_us", "plan_us",
-              "comb_us", "comb_hot", "TFLOP/s", "GB/s", "%copy", "FlashMLA(H100) us", "speedup");
+  std::printf("%-38s %8s %10s %8s %8s %8s %8s %8s %7s %17s %8s %6s\n", "case", "mean_s_k", "time_us", "plan_us",
+              "comb_us", "comb_hot", "TFLOP/s", "GB/s", "%copy", "FlashMLA(H100) us", "speedup", "MHz");
   for (const BenchCase& bc : cases) {
+    cool_down();
     const DecodeResult r = run_decode_case(bc, settings);
     const Ratios x = ratios(bc, r, copy);
     std::printf(
-        "%-38s %8.0f %10.1f %8.1f %8.1f %8.1f %8.1f %8.0f %7s %17s %8s\n", bc.name.c_str(), r.mean_s_k,
+        "%-38s %8.0f %10.1f %8.1f %8.1f %8.1f %8.1f %8.0f %7s %17s %8s %6.0f\n", bc.name.c_str(), r.mean_s_k,
         r.time_us, r.plan_us, r.combine_us, r.combine_hot_us, r.tflops, r.gbps,
         format(100.0 * x.copy_fraction.value_or(0), "%.1f%%", x.copy_fraction.has_value()).c_str(),
         format(bc.flashmla_h100_us.value_or(0), "%.0f", x.speedup.has_value()).c_str(),
-        format(x.speedup.value_or(0), "%.3fx", x.speedup.has_value()).c_str());
+        format(x.speedup.value_or(0), "%.3fx", x.speedup.has_value()).c_str(), r.sm_mhz);
     std::fflush(stdout);
     append_or_fail(results, run_fields(info, decode_json(bc, r, copy, x, info.dtype)));
   }
   if (!sparse_cases.empty()) {
-    std::printf("\n%-44s %10s %8s %8s %8s %17s %8s\n", "sparse FP8 case", "time_us", "plan_us", "TFLOP/s", "GB/s",
-                "FlashMLA(H100) us", "speedup");
+    std::printf("\n%-44s %10s %8s %8s %8s %17s %8s %6s\n", "sparse FP8 case", "time_us", "plan_us", "TFLOP/s", "GB/s",
+                "FlashMLA(H100) us", "speedup", "MHz");
   }
   for (const SparseBenchCase& sc : sparse_cases) {
+    cool_down();
     const SparseResult r = run_sparse_case(sc, settings);
     const bool has_baseline = sc.flashmla_h100_us.has_value();
     const double speedup = has_baseline ? *sc.flashmla_h100_us / r.time_us : 0.0;
-    std::printf("%-44s %10.1f %8.1f %8.1f %8.0f %17s %8s\n", sc.name.c_str(), r.time_us, r.plan_us, r.tflops, r.gbps,
-                format(sc.flashmla_h100_us.value_or(0), "%.0f", has_baseline).c_str(),
-                format(speedup, "%.3fx", has_baseline).c_str());
+    std::printf("%-44s %10.1f %8.1f %8.1f %8.0f %17s %8s %6.0f\n", sc.name.c_str(), r.time_us, r.plan_us, r.tflops,
+                r.gbps, format(sc.flashmla_h100_us.value_or(0), "%.0f", has_baseline).c_str(),
+                format(speedup, "%.3fx", has_baseline).c_str(), r.sm_mhz);
     std::fflush(stdout);
     JsonLine line;
     line.text("op", "mla_decode_sparse_fp8")
@@ -296,6 +321,7 @@ int run(const Options& opt) {
         .boolean("varlen", false)
         .number("time_us", r.time_us)
         .number("plan_us", r.plan_us)
+        .number("sm_mhz_measured", r.sm_mhz)
         .number("flops", r.flops)
         .number("bytes", r.bytes)
         .number("tflops", r.tflops)
@@ -308,16 +334,17 @@ int run(const Options& opt) {
     append_or_fail(results, run_fields(info, line));
   }
   if (!prefill_cases.empty()) {
-    std::printf("\n%-52s %10s %8s %8s %17s %8s\n", "sparse prefill case", "time_us", "TFLOP/s", "GB/s",
-                "FlashMLA(H100) us", "speedup");
+    std::printf("\n%-52s %10s %8s %8s %17s %8s %6s\n", "sparse prefill case", "time_us", "TFLOP/s", "GB/s",
+                "FlashMLA(H100) us", "speedup", "MHz");
   }
   for (const PrefillBenchCase& pc : prefill_cases) {
+    cool_down();
     const PrefillResult r = run_prefill_case(pc, settings);
     const bool has_baseline = pc.flashmla_h100_us.has_value();
     const double speedup = has_baseline ? *pc.flashmla_h100_us / r.time_us : 0.0;
-    std::printf("%-52s %10.1f %8.1f %8.0f %17s %8s\n", pc.name.c_str(), r.time_us, r.tflops, r.gbps,
+    std::printf("%-52s %10.1f %8.1f %8.0f %17s %8s %6.0f\n", pc.name.c_str(), r.time_us, r.tflops, r.gbps,
                 format(pc.flashmla_h100_us.value_or(0), "%.0f", has_baseline).c_str(),
-                format(speedup, "%.3fx", has_baseline).c_str());
+                format(speedup, "%.3fx", has_baseline).c_str(), r.sm_mhz);
     std::fflush(stdout);
     append_or_fail(results, run_fields(info, prefill_json(pc, r, copy.gbps)));
   }
@@ -329,7 +356,8 @@ int run(const Options& opt) {
   std::printf(
       "FlashMLA(H100) us: fixed H100 figures from PERF.md, not measured in this run; speedup = "
       "FlashMLA time / this time, meaningful only on an H100.\n"
-      "%%copy: GB/s of a memory-bound case as a fraction of this run's copy bandwidth.\n");
+      "%%copy: GB/s of a memory-bound case as a fraction of this run's copy bandwidth.\n"
+      "MHz: median SM clock probed between the timed rounds (the power manager lowers it after sustained work).\n");
 
   BENCH_CUDA(cudaStreamDestroy(stream));
   return 0;

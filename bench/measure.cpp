@@ -94,6 +94,18 @@ CopyResult measure_copy_bandwidth(const RunSettings& s) {
   return r;
 }
 
+FlushedTiming time_flushed(const RunSettings& s, const std::function<void()>& op) {
+  s.clock->take_median_mhz(s.stream);  // forget earlier probes
+  const std::vector<double> us = support::time_rounds(
+      s.stream, s.warmup, s.runs,
+      [&] {
+        s.flusher->flush(s.stream);
+        s.clock->record(s.stream);
+      },
+      op);
+  return FlushedTiming{.median_us = support::median(us), .sm_mhz = s.clock->take_median_mhz(s.stream)};
+}
+
 DeviceDecodeCase make_device_case(const BenchCase& bc, DType dtype, cudaStream_t stream) {
   DeviceDecodeCase d;
   d.host = describe_case(bc, dtype);
@@ -129,15 +141,13 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
   // The plan is made once per step and shared by every layer, so it is timed on its own
   // and excluded from the decode time (PERF.md).
   MlaDecodePlan plan;
-  const auto flush = [&] { s.flusher->flush(s.stream); };
-  const auto plan_us = support::time_rounds(s.stream, s.warmup, s.runs, flush, [&] {
+  const FlushedTiming plan_timing = time_flushed(s, [&] {
     BENCH_STATUS(mla_decode_plan(problem, args.cache_seqlens, workspace.get(), workspace_bytes,
                                  s.stream, &plan, options));
   });
-  const auto decode_us = support::time_rounds(s.stream, s.warmup, s.runs, flush,
-                                     [&] { BENCH_STATUS(mla_decode(args, plan, s.stream)); });
+  const FlushedTiming decode = time_flushed(s, [&] { BENCH_STATUS(mla_decode(args, plan, s.stream)); });
   // The combine kernel alone (part of decode_us), for the plan + combine share of a step.
-  const auto combine_us = support::time_rounds(s.stream, s.warmup, s.runs, flush, [&] {
+  const FlushedTiming combine = time_flushed(s, [&] {
     BENCH_STATUS(detail::dispatch_mla_decode_combine(args, plan, s.stream));
   });
   const auto combine_hot_us = support::time_rounds(s.stream, s.warmup, s.runs, [] {}, [&] {
@@ -162,9 +172,10 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
 
   DecodeResult r;
   r.mean_s_k = std::accumulate(c.seqlens.begin(), c.seqlens.end(), 0.0) / static_cast<double>(c.b);
-  r.time_us = support::median(decode_us);
-  r.plan_us = support::median(plan_us);
-  r.combine_us = support::median(combine_us);
+  r.time_us = decode.median_us;
+  r.sm_mhz = decode.sm_mhz;
+  r.plan_us = plan_timing.median_us;
+  r.combine_us = combine.median_us;
   r.combine_hot_us = support::median(combine_hot_us);
   r.flops = support::decode_flops(c);
   r.bytes = support::decode_bytes(c);

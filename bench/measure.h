@@ -4,10 +4,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "bench/cases.h"
 #include "bench/device_data.h"
+#include "bench/sm_clock_probe.h"
 #include "support/decode_case.h"
 #include "support/gpu_timing.h"
 #include "mlakit/mla_decode.h"
@@ -22,7 +25,16 @@ struct RunSettings {
   int runs = 20;   // timed rounds; results are their median
   DType dtype = DType::kBF16;
   MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;  // --kernel
+  SmClockProbe* clock = nullptr;      // probed after each round's flush
 };
+
+// PERF.md's timing of `op`: warm-up rounds, then timed rounds, each preceded (outside its
+// events) by the L2 flush and a clock probe.
+struct FlushedTiming {
+  double median_us = 0;  // of the timed rounds
+  double sm_mhz = 0;     // median of the probes
+};
+FlushedTiming time_flushed(const RunSettings& settings, const std::function<void()>& op);
 
 struct CopyResult {
   double bytes = 0;    // read + written per copy
@@ -50,6 +62,7 @@ struct DecodeResult {
   double bytes = 0;     // PERF.md counting (support::decode_bytes)
   double tflops = 0;
   double gbps = 0;
+  double sm_mhz = 0;   // median SM clock probed between the decode's rounds
   std::string kernel;  // the kernel family the plan chose
 };
 

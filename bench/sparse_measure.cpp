@@ -78,20 +78,19 @@ SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& s) {
   BENCH_STATUS(mla_sparse_decode_workspace_size(problem, &bytes));
   DeviceBuffer workspace(bytes);
   MlaDecodePlan plan;
-  const auto flush = [&] { s.flusher->flush(s.stream); };
-  const auto plan_us = support::time_rounds(s.stream, s.warmup, s.runs, flush, [&] {
+  const FlushedTiming plan_timing = time_flushed(s, [&] {
     BENCH_STATUS(mla_sparse_decode_plan(problem, TensorRef{}, workspace.get(), bytes, s.stream, &plan));
   });
-  const auto decode_us = support::time_rounds(s.stream, s.warmup, s.runs, flush,
-                                              [&] { BENCH_STATUS(mla_sparse_decode_fp8(args, plan, s.stream)); });
+  const FlushedTiming decode = time_flushed(s, [&] { BENCH_STATUS(mla_sparse_decode_fp8(args, plan, s.stream)); });
   const std::vector<float> host_lse = lse.download<float>();
   const auto bad = std::count_if(host_lse.begin(), host_lse.end(), [](float x) { return !std::isfinite(x); });
   if (bad > 0) fail(c.name + ": " + std::to_string(bad) + " lse values are not finite");
 
   SparseResult r;
-  r.time_us = support::median(decode_us);
-  r.plan_us = support::median(plan_us);
+  r.time_us = decode.median_us;
+  r.plan_us = plan_timing.median_us;
   r.kernel = kernel_name(plan.kernel);
+  r.sm_mhz = decode.sm_mhz;
   // PERF.md: FLOPs over the attended keys (topk); bytes of q, the chosen FP8 tokens, out.
   r.flops = static_cast<double>(c.b) * c.s_q * c.h_q * (2.0 * 576 + 2.0 * 512) * c.topk;
   r.bytes = static_cast<double>(c.b) * c.s_q * (c.h_q * 576 * 2.0 + c.topk * 656.0 + c.h_q * 512 * 2.0);

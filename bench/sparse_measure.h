@@ -25,6 +25,7 @@ std::vector<SparseBenchCase> sparse_bench_cases(bool quick, const std::string& f
 
 struct SparseResult {
   double time_us = 0, plan_us = 0, flops = 0, bytes = 0, tflops = 0, gbps = 0;
+  double sm_mhz = 0;   // median SM clock probed between the timed rounds
   std::string kernel;  // the kernel family the plan chose
 };
 

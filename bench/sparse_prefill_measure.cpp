@@ -67,16 +67,15 @@ PrefillResult run_prefill_case(const PrefillBenchCase& c, const RunSettings& s) 
   args.max_logits = make_tensor(max_logits.get(), DType::kFP32, {c.s_q, c.h_q});
   args.lse = make_tensor(lse.get(), DType::kFP32, {c.s_q, c.h_q});
   args.kernel = s.kernel;
-  const auto flush = [&] { s.flusher->flush(s.stream); };
-  const auto times = support::time_rounds(s.stream, s.warmup, s.runs, flush,
-                                          [&] { BENCH_STATUS(mla_sparse_prefill(args, s.stream)); });
+  const FlushedTiming timing = time_flushed(s, [&] { BENCH_STATUS(mla_sparse_prefill(args, s.stream)); });
   const std::vector<float> host_lse = lse.download<float>();
   const auto bad = std::count_if(host_lse.begin(), host_lse.end(), [](float x) { return !std::isfinite(x); });
   if (bad > 0) fail(c.name + ": " + std::to_string(bad) + " lse values are not finite");
 
   PrefillResult r;
-  r.time_us = support::median(times);
+  r.time_us = timing.median_us;
   r.kernel = kernel_name(s.kernel);
+  r.sm_mhz = timing.sm_mhz;
   // PERF.md: 2 * s_q * h_q * topk * (d_qk + d_v). Bytes: q, the gathered kv rows (each token
   // reads its own topk rows once), out, max_logits and lse.
   r.flops = 2.0 * c.s_q * c.h_q * c.topk * (c.d_qk + kDv);
@@ -104,6 +103,7 @@ JsonLine prefill_json(const PrefillBenchCase& c, const PrefillResult& r, double 
       .text("indices", c.window > 0 ? "near_end" : "uniform")
       .integer("window", c.window)
       .number("time_us", r.time_us)
+      .number("sm_mhz_measured", r.sm_mhz)
       .number("flops", r.flops)
       .number("bytes", r.bytes)
       .number("tflops", r.tflops)

@@ -28,6 +28,7 @@ std::vector<PrefillBenchCase> prefill_bench_cases(bool quick, const std::string&
 
 struct PrefillResult {
   double time_us = 0, flops = 0, bytes = 0, tflops = 0, gbps = 0;
+  double sm_mhz = 0;   // median SM clock probed between the timed rounds
   std::string kernel;  // the kernel family that ran
 };
 
