@@ -80,25 +80,50 @@ __device__ __forceinline__ int visible_keys(const MlaDecodeParams& p, int L, int
   return limit < 0 ? 0 : (limit > L ? L : limit);
 }
 
-// Calls f(seq, L, key_begin, key_end, split) for each non-empty piece of the part's range,
-// in order. key_begin is a multiple of block_n; key_end <= L.
+// One non-empty piece of a part's range: keys [key_begin, key_end) of scheduled sequence seq
+// (length L), its split index within the sequence. key_begin is a multiple of block_n;
+// key_end <= L.
+struct Segment {
+  int seq, L, key_begin, key_end, split;
+};
+
+// Walks the segments of a part's range in order; next() returns false past the last one.
+class SegmentCursor {
+ public:
+  __device__ SegmentCursor(const MlaDecodeParams& p, const PartRange& range)
+      : p_(p), range_(range), seq_(range.begin_seq), block_(range.begin_block), split_(range.begin_split) {}
+
+  __device__ bool next(Segment* s) {
+    for (; seq_ < range_.end_seq || (seq_ == range_.end_seq && block_ < range_.end_block); ++seq_) {
+      const int L = p_.lengths(seq_);
+      const int64_t blocks = key_blocks(L, p_.block_n);
+      const int64_t block_end = seq_ == range_.end_seq ? range_.end_block : blocks;
+      if (block_ < block_end) {
+        *s = Segment{seq_, L, block_ * p_.block_n,
+                     static_cast<int>(min(block_end * p_.block_n, static_cast<int64_t>(L))), split_};
+        ++seq_;
+        block_ = 0;
+        split_ = 0;
+        return true;
+      }
+      block_ = 0;
+      split_ = 0;
+    }
+    return false;
+  }
+
+ private:
+  const MlaDecodeParams& p_;
+  const PartRange& range_;
+  int seq_, block_, split_;
+};
+
+// Calls f(seq, L, key_begin, key_end, split) for each segment of the part's range, in order.
 template <typename F>
 __device__ __forceinline__ void for_each_segment(const MlaDecodeParams& p, const PartRange& range, F&& f) {
-  int block = range.begin_block;
-  int split = range.begin_split;
-  for (int seq = range.begin_seq;
-       seq < range.end_seq || (seq == range.end_seq && block < range.end_block); ++seq) {
-    const int L = p.lengths(seq);
-    const int64_t blocks = key_blocks(L, p.block_n);
-    const int64_t block_end = seq == range.end_seq ? range.end_block : blocks;
-    if (block < block_end) {
-      const int key_begin = block * p.block_n;
-      const int key_end = static_cast<int>(min(block_end * p.block_n, static_cast<int64_t>(L)));
-      f(seq, L, key_begin, key_end, split);
-    }
-    block = 0;
-    split = 0;
-  }
+  SegmentCursor cursor(p, range);
+  Segment s;
+  while (cursor.next(&s)) f(s.seq, s.L, s.key_begin, s.key_end, s.split);
 }
 
 // Exclusive end of the keys a row tile [tile_row0, tile_row0 + tile_rows) needs from a

@@ -31,6 +31,7 @@
 #include "device/numeric.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
+#include "kernels/decode_rows.cuh"
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/decode_q_tile.cuh"
 #include "kernels/sm90/timeline.cuh"
@@ -61,8 +62,21 @@ class Sm90Consumer {
       : p_(p), sm_(sm), w_(threadIdx.x / 128 - 1), t_(threadIdx.x - 128), lane_(threadIdx.x % 32),
         r0_(16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4), hk_(hk), tile_(tile) {}
 
-  __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split) {
-    load_q(seq);
+  // Every segment of a part in order, each told the next one's sequence.
+  __device__ void run_part(const PartRange& range) {
+    SegmentCursor cursor(p_, range);
+    Segment s, next;
+    for (bool more = cursor.next(&s); more; s = next) {
+      more = cursor.next(&next);
+      run_segment(s.seq, s.L, s.key_begin, s.key_end, s.split, more ? next.seq : -1);
+    }
+  }
+
+  // next_seq: the scheduled sequence of the CTA's next segment (-1: none or unknown); its Q
+  // tile is copied during this segment's output store.
+  __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split, int next_seq = -1) {
+    if (!q_issued_) issue_q(seq);
+    await_q();
     MLAKIT_SM90_STAMP(kConsumerQLoaded);
     lim_[0] = row_limit(r0_, L, key_end);
     lim_[1] = row_limit(r0_ + 8, L, key_end);
@@ -83,7 +97,7 @@ class Sm90Consumer {
       }
       MLAKIT_SM90_STAMP(kConsumerPairEnd);
     }
-    store(seq, split);
+    store(seq, split, next_seq);
     MLAKIT_SM90_STAMP(kConsumerStored);
   }
 
@@ -203,14 +217,23 @@ class Sm90Consumer {
     return min(key_end, visible_keys(p_, L, row_coord(p_, hk_, row).t));
   }
 
-  // The segment's Q tile, copied by both consumers (all in flight at once).
-  __device__ void load_q(int seq) {
-    fill_q_row_offsets(p_, sm_, hk_, tile_, t_, C::kConsumerThreads);
-    dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
+  // A segment's Q tile is copied by both consumers (all in flight at once): issued here for
+  // the first segment, during the previous segment's store for the others.
+  __device__ void issue_q(int seq) {
+    if (!q_offsets_ready_) {  // the row offsets within a sequence are the same in every segment
+      fill_q_row_offsets(p_, sm_, hk_, tile_, t_, C::kConsumerThreads);
+      dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
+      q_offsets_ready_ = true;
+    }
     copy_q_tile<Elem>(p_, sm_, seq, t_, C::kConsumerThreads);
+    q_issued_ = true;
+  }
+
+  __device__ void await_q() {
     device::cp_async_wait_all();
     dev::fence_proxy_async_smem();
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
+    q_issued_ = false;
   }
 
   // Starts on this consumer's tile: a tile that extends past the segment is waited for whole
@@ -408,7 +431,7 @@ class Sm90Consumer {
     }
   }
 
-  __device__ void store(int seq, int split) {
+  __device__ void store(int seq, int split, int next_seq) {
     float l0 = l_[0], l1 = l_[1];
 #pragma unroll
     for (int x = 1; x < 4; x *= 2) {
@@ -419,7 +442,10 @@ class Sm90Consumer {
       sm_.row_sum[w_][r0_] = l0;
       sm_.row_sum[w_][r0_ + 8] = l1;
     }
+    // Past this barrier both consumers' multiplies are done (each pair ends with a wait), so
+    // the Q tile is dead: the next segment's Q is copied while the outputs go out.
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
+    if (next_seq >= 0) issue_q(next_seq);
     const float sum[2] = {sm_.row_sum[0][r0_] + sm_.row_sum[1][r0_], sm_.row_sum[0][r0_ + 8] + sm_.row_sum[1][r0_ + 8]};
     // No plan (sparse prefill): every segment is a whole sequence, written directly.
     const bool direct = p_.split_prefix == nullptr || p_.split_prefix[seq + 1] - p_.split_prefix[seq] == 1;
@@ -491,7 +517,7 @@ class Sm90Consumer {
         }
       }
     }
-    // row_sum and the Q tile are rewritten by the next segment.
+    // row_sum is rewritten by the next segment.
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
   }
 
@@ -502,6 +528,8 @@ class Sm90Consumer {
   int lim_[2] = {0, 0};
   float m_[2], l_[2];
   bool bad_ = false;
+  bool q_offsets_ready_ = false;  // sm_.q_row_offset filled
+  bool q_issued_ = false;         // the next segment's Q copy is in flight
   float o_[128];
 };
 

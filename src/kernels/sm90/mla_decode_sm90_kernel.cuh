@@ -44,9 +44,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
     Sm90Consumer<Elem> consumer(p, sm, blockIdx.x, blockIdx.y);
-    for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int split) {
-      consumer.run_segment(seq, L, key_begin, key_end, split);
-    });
+    consumer.run_part(p.part_ranges[blockIdx.z]);
     if (threadIdx.x == 128) MLAKIT_SM90_CTA_SPAN(true);
   }
 #endif

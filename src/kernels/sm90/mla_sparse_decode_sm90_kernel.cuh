@@ -31,9 +31,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   } else {
     dev::setmaxnreg_inc<C::kFp8ConsumerRegs>();
     Sm90Consumer<__nv_bfloat16, /*kGathered=*/true, /*kPvA1First=*/true> consumer(p, sm, blockIdx.x, 0);
-    for_each_segment(p, range, [&](int seq, int L, int key_begin, int key_end, int split) {
-      consumer.run_segment(seq, L, key_begin, key_end, split);
-    });
+    consumer.run_part(range);
   }
 #endif
 }
