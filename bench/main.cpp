@@ -62,6 +62,17 @@ void print_usage(std::FILE* to) {
   std::exit(2);
 }
 
+// The integer value of option `name`, or a usage error when it is not one in [lo, hi].
+int int_value(const std::string& name, const std::string& v, long lo, long hi) {
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < lo || n > hi) {
+    usage_error(name + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
+                v + "'");
+  }
+  return static_cast<int>(n);
+}
+
 Options parse_options(int argc, char** argv) {
   Options o;
   bool runs_given = false;
@@ -79,20 +90,10 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--filter") {
       o.filter = value();
     } else if (arg == "--runs") {
-      const std::string v = value();
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 1 || n > 100000)
-        usage_error("--runs: expected a positive integer, got '" + v + "'");
-      o.runs = static_cast<int>(n);
+      o.runs = int_value(arg, value(), 1, 100000);
       runs_given = true;
     } else if (arg == "--cooldown-ms") {
-      const std::string v = value();
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 0 || n > 600000)
-        usage_error("--cooldown-ms: expected an integer in [0, 600000], got '" + v + "'");
-      o.cooldown_ms = static_cast<int>(n);
+      o.cooldown_ms = int_value(arg, value(), 0, 600000);
     } else if (arg == "--out") {
       o.out_dir = value();
     } else if (arg == "--kernel") {
