@@ -29,7 +29,7 @@
 #include "support/gpu_timing.h"
 
 extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap* kv_map, int box_rows,
-                                           const void* timeline, cudaStream_t stream);
+                                           const CUtensorMap* q_map, const void* timeline, cudaStream_t stream);
 
 namespace {
 
@@ -129,6 +129,9 @@ int main(int argc, char** argv) {
     if (box_rows == 0 || !detail::make_kv_tensor_map(d.args.kv_cache, box_rows, &kv_map, &why)) {
       bench::fail(bc.name + ": no tensor map: " + why);
     }
+    CUtensorMap q_map;  // as the library's dispatch: the Q tile by TMA where the map exists
+    const CUtensorMap* q_by_tma =
+        detail::make_q_tensor_map(d.args.q, params.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
     const int row_tiles = (params.rows + 63) / 64;
     const int ctas = row_tiles * params.h_kv * params.num_parts;
     bench::DeviceBuffer records(static_cast<std::size_t>(ctas) * timeline_tool::kRoles * capacity * 8);
@@ -146,7 +149,7 @@ int main(int argc, char** argv) {
       records.fill_bytes(0);
       flusher.flush(stream);
       BENCH_CUDA(cudaEventRecord(start, stream));
-      BENCH_CUDA(traced_dense_decode(&params, &kv_map, box_rows, &buffer, stream));
+      BENCH_CUDA(traced_dense_decode(&params, &kv_map, box_rows, q_by_tma, &buffer, stream));
       BENCH_CUDA(cudaEventRecord(stop, stream));
       BENCH_CUDA(cudaEventSynchronize(stop));
       BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));

@@ -14,7 +14,7 @@
 // Launches the traced bf16 kernel (no combine) on `stream` with `params` (MlaDecodeParams)
 // and `timeline` (TimelineBuffer, copied to the kernel's global before the launch).
 extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap* kv_map, int box_rows,
-                                           const void* timeline, cudaStream_t stream) {
+                                           const CUtensorMap* q_map, const void* timeline, cudaStream_t stream) {
   namespace d = mlakit::detail;
   using C = d::sm90::Sm90DecodeConfig;
   const auto& p = *static_cast<const d::MlaDecodeParams*>(params);
@@ -25,6 +25,7 @@ extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, d::sm90::kSm90SmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.rows + C::kRows - 1) / C::kRows, p.h_kv, p.num_parts);
-  kernel<<<grid, C::kThreads, d::sm90::kSm90SmemBytes, stream>>>(p, *kv_map, box_rows);
+  kernel<<<grid, C::kThreads, d::sm90::kSm90SmemBytes, stream>>>(p, *kv_map, box_rows,
+                                                                   q_map != nullptr ? *q_map : *kv_map, q_map != nullptr);
   return cudaGetLastError();
 }

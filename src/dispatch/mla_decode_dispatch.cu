@@ -113,8 +113,11 @@ Status dispatch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, fl
     CUtensorMap kv_map;
     std::string why;
     if (box_rows > 0 && make_kv_tensor_map(a.kv_cache, box_rows, &kv_map, &why)) {
-      return cuda_status("mla_decode", bf16 ? launch_mla_decode_sm90<__nv_bfloat16>(params, kv_map, box_rows, stream)
-                                            : launch_mla_decode_sm90<__half>(params, kv_map, box_rows, stream));
+      CUtensorMap q_map;
+      const CUtensorMap* q_by_tma = make_q_tensor_map(a.q, params.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
+      return cuda_status("mla_decode",
+                         bf16 ? launch_mla_decode_sm90<__nv_bfloat16>(params, kv_map, box_rows, q_by_tma, stream)
+                              : launch_mla_decode_sm90<__half>(params, kv_map, box_rows, q_by_tma, stream));
     }
   }
   return cuda_status("mla_decode", bf16 ? launch_mla_decode_portable<__nv_bfloat16>(params, stream)

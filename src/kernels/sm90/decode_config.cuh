@@ -69,6 +69,7 @@ struct Sm90DecodeSmem {
   // Element offset of each Q tile row within its sequence, -1 for padding rows: the same in
   // every segment of the CTA (decode_q_tile.cuh).
   int64_t q_row_offset[C::kRows];
+  uint64_t q_full;  // the Q tile by TMA (dense decode): one arrival plus the 9 boxes' bytes
   int stage_bad[C::kStages];
   uint16_t key_valid[C::kStages][4];  // gathered tiles: valid-slot mask, 16 keys per producer warp
 };
@@ -97,6 +98,7 @@ __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, Ful
       for (int half = 0; half < 2; ++half) device::sm90::mbarrier_init(&sm.empty[s][half], empty_count(s, half));
       sm.stage_bad[s] = 0;
     }
+    device::sm90::mbarrier_init(&sm.q_full, 1);
     device::sm90::fence_mbarrier_init();
   }
   __syncthreads();

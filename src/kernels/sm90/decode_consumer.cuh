@@ -24,6 +24,8 @@
 // on the second; the P tile in the RoPE slab is recycled with the second half.
 #pragma once
 
+#include <cuda.h>
+
 #include <cmath>
 #include <cstdint>
 
@@ -58,8 +60,10 @@ class Sm90Consumer {
 
  public:
   // Rows tile * 64 .. of kv head hk.
-  __device__ Sm90Consumer(const MlaDecodeParams& p, Sm90DecodeSmem& sm, int tile, int hk)
-      : p_(p), sm_(sm), w_(threadIdx.x / 128 - 1), t_(threadIdx.x - 128), lane_(threadIdx.x % 32),
+  // q_map: the Q tile by TMA (kernels/sm90/launch.h, make_q_tensor_map); nullptr: by cp.async.
+  __device__ Sm90Consumer(const MlaDecodeParams& p, Sm90DecodeSmem& sm, int tile, int hk,
+                          const CUtensorMap* q_map = nullptr)
+      : p_(p), sm_(sm), q_map_(q_map), w_(threadIdx.x / 128 - 1), t_(threadIdx.x - 128), lane_(threadIdx.x % 32),
         r0_(16 * ((threadIdx.x % 128) / 32) + (threadIdx.x % 32) / 4), hk_(hk), tile_(tile) {}
 
   // Every segment of a part in order, each told the next one's sequence.
@@ -220,20 +224,39 @@ class Sm90Consumer {
   // A segment's Q tile is copied by both consumers (all in flight at once): issued here for
   // the first segment, during the previous segment's store for the others.
   __device__ void issue_q(int seq) {
+    q_issued_ = true;
+    if (q_map_ != nullptr) {
+      // One thread, 9 boxes of 64 rows (tokens x heads of the packed rows; rows past s_q are
+      // zero-filled by the map) completing on q_full.
+      if (t_ == 0) {
+        const RowCoord rc = row_coord(p_, hk_, tile_ * C::kRows);
+        dev::mbarrier_expect_tx(&sm_.q_full, C::kSlabs * C::kSlabBytes);
+#pragma unroll 1
+        for (int slab = 0; slab < C::kSlabs; ++slab) {
+          dev::tma_load_4d(&sm_.q[slab][0], q_map_, &sm_.q_full, slab * C::kSlabCols, rc.head, rc.t, seq);
+        }
+        dev::mbarrier_arrive(&sm_.q_full);
+      }
+      return;
+    }
     if (!q_offsets_ready_) {  // the row offsets within a sequence are the same in every segment
       fill_q_row_offsets(p_, sm_, hk_, tile_, t_, C::kConsumerThreads);
       dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
       q_offsets_ready_ = true;
     }
     copy_q_tile<Elem>(p_, sm_, seq, t_, C::kConsumerThreads);
-    q_issued_ = true;
   }
 
   __device__ void await_q() {
+    q_issued_ = false;
+    if (q_map_ != nullptr) {
+      dev::mbarrier_wait(&sm_.q_full, q_phase_);
+      q_phase_ ^= 1;
+      return;
+    }
     device::cp_async_wait_all();
     dev::fence_proxy_async_smem();
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
-    q_issued_ = false;
   }
 
   // Starts on this consumer's tile: a tile that extends past the segment is waited for whole
@@ -523,6 +546,7 @@ class Sm90Consumer {
 
   const MlaDecodeParams& p_;
   Sm90DecodeSmem& sm_;
+  const CUtensorMap* const q_map_;
   const int w_, t_, lane_, r0_, hk_, tile_;
   uint32_t phase_ = 0;  // parity of this consumer's next wait on full[w][*]
   int lim_[2] = {0, 0};
@@ -530,6 +554,7 @@ class Sm90Consumer {
   bool bad_ = false;
   bool q_offsets_ready_ = false;  // sm_.q_row_offset filled
   bool q_issued_ = false;         // the next segment's Q copy is in flight
+  uint32_t q_phase_ = 0;          // parity of the next wait on q_full
   float o_[128];
 };
 

@@ -65,4 +65,41 @@ bool make_kv_tensor_map(const TensorRef& kv, int box_rows, CUtensorMap* map, std
   return true;
 }
 
+bool make_q_tensor_map(const TensorRef& q, int heads_per_kv, CUtensorMap* map, std::string* why) {
+  if (heads_per_kv % kBoxCols != 0 && kBoxCols % heads_per_kv != 0) {
+    *why = "heads per kv head " + std::to_string(heads_per_kv) + " neither divides nor is a multiple of 64";
+    return false;
+  }
+  PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+  if (encode == nullptr) {
+    *why = "cuTensorMapEncodeTiled is not available from the driver";
+    return false;
+  }
+  const int64_t elem = static_cast<int64_t>(dtype_size(q.dtype));
+  // dims innermost first: d_qk, h_q, s_q, b (size-1 dimensions get the dense stride).
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(q.shape[3]), static_cast<cuuint64_t>(q.shape[2]),
+                        static_cast<cuuint64_t>(q.shape[1]), static_cast<cuuint64_t>(q.shape[0])};
+  int64_t dense = q.shape[3] * elem;
+  cuuint64_t strides[3];
+  for (int i = 0; i < 3; ++i) {
+    const int axis = 2 - i;  // h_q, s_q, b
+    const int64_t bytes = q.shape[axis] == 1 ? dense : q.stride[axis] * elem;
+    strides[i] = static_cast<cuuint64_t>(bytes);
+    dense = bytes * q.shape[axis];
+  }
+  const int box_heads = heads_per_kv >= kBoxCols ? kBoxCols : heads_per_kv;
+  cuuint32_t box[4] = {kBoxCols, static_cast<cuuint32_t>(box_heads), static_cast<cuuint32_t>(kTileKeys / box_heads), 1};
+  cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      q.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode(map, type, 4, q.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    *why = "cuTensorMapEncodeTiled (q) failed with CUresult " + std::to_string(static_cast<int>(r));
+    return false;
+  }
+  return true;
+}
+
 }  // namespace mlakit::detail

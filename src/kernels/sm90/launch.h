@@ -21,10 +21,17 @@ int sm90_box_rows(int64_t page_size);
 // swizzle. False (with the driver's reason) when the driver rejects it.
 bool make_kv_tensor_map(const TensorRef& kv_cache, int box_rows, CUtensorMap* map, std::string* why);
 
-// Attention (grid: 64-row tiles x h_kv x num_parts) then the portable combine.
+// 4D map {d_qk, h_q, s_q, b} over q [b, s_q, h_q, d_qk], box {64, heads, tokens, 1} covering one
+// 64-row tile of packed rows (heads = min(heads_per_kv, 64), tokens = 64 / heads), 128-byte
+// swizzle. False (with the reason) when heads_per_kv is neither a multiple nor a divisor of
+// 64 (a tile's rows are then no box) or the driver rejects the map (strides, alignment).
+bool make_q_tensor_map(const TensorRef& q, int heads_per_kv, CUtensorMap* map, std::string* why);
+
+// Attention (grid: 64-row tiles x h_kv x num_parts) then the portable combine. q_map: the Q
+// tile by TMA; nullptr: by cp.async.
 template <typename Elem>
 cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
-                                   cudaStream_t stream);
+                                   const CUtensorMap* q_map, cudaStream_t stream);
 
 // Sparse prefill (no plan): grid s_q * 64-row tiles, KV rows gathered by index. bf16.
 template <typename Elem>

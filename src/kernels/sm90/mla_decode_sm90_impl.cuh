@@ -9,7 +9,7 @@ namespace mlakit::detail {
 
 template <typename Elem>
 cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
-                                   cudaStream_t stream) {
+                                   const CUtensorMap* q_map, cudaStream_t stream) {
   using C = sm90::Sm90DecodeConfig;
   auto kernel = &sm90::mla_decode_sm90_kernel<Elem>;
   // Idempotent and cheap; not a stream operation, so it is allowed during graph capture.
@@ -17,7 +17,8 @@ cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensor
   if (err != cudaSuccess) return err;
   const int row_tiles = (params.rows + C::kRows - 1) / C::kRows;
   dim3 grid(row_tiles, params.h_kv, params.num_parts);
-  kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, kv_map, box_rows);
+  kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, kv_map, box_rows,
+                                                                q_map != nullptr ? *q_map : kv_map, q_map != nullptr);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return launch_mla_decode_combine<Elem>(params, stream);

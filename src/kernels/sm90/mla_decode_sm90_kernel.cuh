@@ -30,7 +30,7 @@ namespace mlakit::detail::sm90 {
 template <typename Elem>
 __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     mla_decode_sm90_kernel(const __grid_constant__ MlaDecodeParams p, const __grid_constant__ CUtensorMap kv_map,
-                           const int box_rows) {
+                           const int box_rows, const __grid_constant__ CUtensorMap q_map, const bool q_by_tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     if (threadIdx.x < 32) produce(p, kv_map, box_rows, sm);
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Sm90Consumer<Elem> consumer(p, sm, blockIdx.x, blockIdx.y);
+    Sm90Consumer<Elem> consumer(p, sm, blockIdx.x, blockIdx.y, q_by_tma ? &q_map : nullptr);
     consumer.run_part(p.part_ranges[blockIdx.z]);
     if (threadIdx.x == 128) MLAKIT_SM90_CTA_SPAN(true);
   }
