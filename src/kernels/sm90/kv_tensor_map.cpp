@@ -32,37 +32,50 @@ int sm90_box_rows(int64_t page_size) {
   return 0;
 }
 
-bool make_kv_tensor_map(const TensorRef& kv, int box_rows, CUtensorMap* map, std::string* why) {
+namespace {
+
+// A 128-byte-swizzled tiled map over a 4D bf16/fp16 tensor with dims taken innermost first
+// (shape[3] .. shape[0]) and the given box. A dimension of size 1 gets the stride the dense
+// layout would have (its stride never matters but must be valid). `what` names the tensor in
+// the reason for a refusal.
+bool encode_4d_map(const TensorRef& t, const cuuint32_t (&box)[4], const char* what, CUtensorMap* map,
+                   std::string* why) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
   if (encode == nullptr) {
     *why = "cuTensorMapEncodeTiled is not available from the driver";
     return false;
   }
-  const int64_t elem = static_cast<int64_t>(dtype_size(kv.dtype));
-  // dims innermost first: d_qk, h_kv, page, num_blocks. A dimension of size 1 gets the
-  // stride the dense layout would have (its stride never matters but must be valid).
-  cuuint64_t dims[4] = {static_cast<cuuint64_t>(kv.shape[3]), static_cast<cuuint64_t>(kv.shape[2]),
-                        static_cast<cuuint64_t>(kv.shape[1]), static_cast<cuuint64_t>(kv.shape[0])};
-  int64_t dense = kv.shape[3] * elem;
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[2]),
+                        static_cast<cuuint64_t>(t.shape[1]), static_cast<cuuint64_t>(t.shape[0])};
+  int64_t dense = t.shape[3] * elem;
   cuuint64_t strides[3];
   for (int i = 0; i < 3; ++i) {
-    const int axis = 2 - i;  // h_kv, page, block
-    const int64_t bytes = kv.shape[axis] == 1 ? dense : kv.stride[axis] * elem;
+    const int axis = 2 - i;
+    const int64_t bytes = t.shape[axis] == 1 ? dense : t.stride[axis] * elem;
     strides[i] = static_cast<cuuint64_t>(bytes);
-    dense = bytes * kv.shape[axis];
+    dense = bytes * t.shape[axis];
   }
-  cuuint32_t box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows), 1};
   cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type =
-      kv.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUresult r = encode(map, type, 4, kv.data, dims, strides, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      t.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode(map, type, 4, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    *why = "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(static_cast<int>(r));
+    *why = std::string("cuTensorMapEncodeTiled (") + what + ") failed with CUresult " +
+           std::to_string(static_cast<int>(r));
     return false;
   }
   return true;
+}
+
+}  // namespace
+
+bool make_kv_tensor_map(const TensorRef& kv, int box_rows, CUtensorMap* map, std::string* why) {
+  // dims innermost first: d_qk, h_kv, page, num_blocks.
+  const cuuint32_t box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows), 1};
+  return encode_4d_map(kv, box, "kv_cache", map, why);
 }
 
 bool make_q_tensor_map(const TensorRef& q, int heads_per_kv, CUtensorMap* map, std::string* why) {
@@ -70,36 +83,11 @@ bool make_q_tensor_map(const TensorRef& q, int heads_per_kv, CUtensorMap* map, s
     *why = "heads per kv head " + std::to_string(heads_per_kv) + " neither divides nor is a multiple of 64";
     return false;
   }
-  PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
-  if (encode == nullptr) {
-    *why = "cuTensorMapEncodeTiled is not available from the driver";
-    return false;
-  }
-  const int64_t elem = static_cast<int64_t>(dtype_size(q.dtype));
-  // dims innermost first: d_qk, h_q, s_q, b (size-1 dimensions get the dense stride).
-  cuuint64_t dims[4] = {static_cast<cuuint64_t>(q.shape[3]), static_cast<cuuint64_t>(q.shape[2]),
-                        static_cast<cuuint64_t>(q.shape[1]), static_cast<cuuint64_t>(q.shape[0])};
-  int64_t dense = q.shape[3] * elem;
-  cuuint64_t strides[3];
-  for (int i = 0; i < 3; ++i) {
-    const int axis = 2 - i;  // h_q, s_q, b
-    const int64_t bytes = q.shape[axis] == 1 ? dense : q.stride[axis] * elem;
-    strides[i] = static_cast<cuuint64_t>(bytes);
-    dense = bytes * q.shape[axis];
-  }
+  // dims innermost first: d_qk, h_q, s_q, b; a box is one 64-row tile of packed rows.
   const int box_heads = heads_per_kv >= kBoxCols ? kBoxCols : heads_per_kv;
-  cuuint32_t box[4] = {kBoxCols, static_cast<cuuint32_t>(box_heads), static_cast<cuuint32_t>(kTileKeys / box_heads), 1};
-  cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type =
-      q.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUresult r = encode(map, type, 4, q.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    *why = "cuTensorMapEncodeTiled (q) failed with CUresult " + std::to_string(static_cast<int>(r));
-    return false;
-  }
-  return true;
+  const cuuint32_t box[4] = {kBoxCols, static_cast<cuuint32_t>(box_heads),
+                             static_cast<cuuint32_t>(kTileKeys / box_heads), 1};
+  return encode_4d_map(q, box, "q", map, why);
 }
 
 }  // namespace mlakit::detail
