@@ -16,13 +16,6 @@ __device__ __forceinline__ uint4 load_nc_16(const void* src) {
   return v;
 }
 
-// A float from `src`, read-only path.
-__device__ __forceinline__ float load_nc_f32(const void* src) {
-  float v;
-  asm("ld.global.nc.f32 %0, [%1];\n" : "=f"(v) : "l"(src));
-  return v;
-}
-
 // An int32 from `src` when `pred`, else `fallback` (plain ld.global: indices may be written by
 // earlier kernels of the same stream, e.g. an indexer).
 __device__ __forceinline__ int32_t load_s32_or(const int32_t* src, bool pred, int32_t fallback) {
@@ -38,13 +31,8 @@ __device__ __forceinline__ int32_t load_s32_or(const int32_t* src, bool pred, in
   return v;
 }
 
-// prefetch.global.L1: brings the line holding `addr` into L1 (no register, no scoreboard),
-// so a later load of it is an L1 hit.
-__device__ __forceinline__ void prefetch_l1(const void* addr) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(addr));
-}
-
-// prefetch.global.L2: the same into L2 only. One instruction per thread with any address,
+// prefetch.global.L2: brings the line holding `addr` into L2 (no register, no scoreboard),
+// so a later load of it misses only L1. One instruction per thread with any address,
 // where cp.async.bulk.prefetch.L2 takes a warp-uniform one (per-lane addresses compile to a
 // loop over the distinct values).
 __device__ __forceinline__ void prefetch_l2(const void* addr) {

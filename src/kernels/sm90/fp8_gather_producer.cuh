@@ -7,8 +7,9 @@
 //   - cp.async of the token's bf16 RoPE straight into slab 8 (swizzled), completing on
 //     full[stage][8] through cp.async.mbarrier.arrive.noinc;
 //   - slab k = 0..7: the thread's 32 e4m3 bytes of columns 64k + 32 half .. are already in
-//     registers with their scale (loaded kLookahead slabs ahead, so the loads of the next
-//     slabs, or of the next tile's first ones, are in flight while slab k converts); it
+//     registers (loaded kLookahead slabs ahead, so the loads of the next slabs, or of the next
+//     tile's first ones, are in flight while slab k converts), with their scale from the
+//     token's four, read once per tile in one 16-byte load (the next tile's at the start); it
 //     dequantizes them (device/fp8_convert.cuh, bit-identical to the reference) into its 4
 //     chunks of the swizzled row (st.shared), and lane 0 of each warp arrives on
 //     full[stage][k] after __syncwarp, so S starts on slab 0 while later slabs convert. The
@@ -19,9 +20,12 @@
 // RoPE, with the same unpredicated loads (a predicated load leaves register copies that wait
 // for it early: device/global_load.cuh).
 // Lane 0 writes the warp's valid-slot mask before its slab-0 arrival, which releases it.
-// While tile i converts, the tokens of tile i + 1 are prefetched into L2 (prefetch_token_l2),
-// each thread's bytes kL1Lookahead slabs ahead into L1, and the indices are read
-// two tiles ahead; no load is waited for before its data is converted.
+// While tile i converts, the tokens of tile i + 1 are prefetched into L2 (prefetch_token_l2)
+// and the indices are read two tiles ahead; no load is waited for before its data is
+// converted. Fewer memory requests per token paid here (H100, same call, b=128 h_q 128 / 64
+// topk 2048): the scales in one load per token instead of one per slab, 454 / 270 us vs 464 /
+// 285; after that, prefetching each thread's bytes into L1 three slabs ahead (2% before) no
+// longer paid and was dropped.
 #pragma once
 
 #include <cstdint>
@@ -51,20 +55,14 @@ class Fp8GatherProducer {
   static_assert(kFp8NopeDim == C::kNopeSlabs * C::kSlabCols, "one quantized slab per V slab");
   static_assert(kFp8Tile == 2 * C::kSlabCols, "a scale covers two slabs");
 
-  // Slabs loaded ahead of the one being converted (registers: 9 per slab; 5 spill at 88), and
-  // slabs prefetched into L1 ahead of it, further than the register loads so that those hit L1
-  // (0: none). H200, b=128 h_q=128 topk=2048 (register, L1): (2, 3) 462.0 us, (3, 5) 478.8,
-  // (4, 6) 483.8, (4, none) 478.2; with the earlier per-token bulk L2 prefetch on the H100,
-  // (2, 3) 546 us and (2, none) 559.
+  // Slabs loaded ahead of the one being converted (registers: 9 per slab; 5 spill at 88).
+  // H200, b=128 h_q=128 topk=2048, with an L1 prefetch further ahead (since dropped): 2 slabs
+  // 462.0 us, 3: 478.8, 4: 483.8.
   static constexpr int kLookahead = 2;
-  static constexpr int kL1Lookahead = 3;
-  static_assert(kL1Lookahead == 0 || (kL1Lookahead > kLookahead && kL1Lookahead < 2 * C::kNopeSlabs),
-                "within the next tile, beyond the register loads");
 
-  // The 32 e4m3 bytes of one thread in one slab, and their tile's scale.
+  // The 32 e4m3 bytes of one thread in one slab (the scale comes from the token's four).
   struct RawSlab {
     uint4 lo, hi;
-    float scale;
   };
 
  public:
@@ -85,13 +83,14 @@ class Fp8GatherProducer {
     int64_t offset = slot_offset(p_, slot_of_tile(0));
     int32_t next_slot = slot_of_tile(1);
     RawSlab raw[kLookahead];
+    float4 scales = load_scales(token(offset));
 #pragma unroll
     for (int k = 0; k < kLookahead; ++k) raw[k] = load_slab(token(offset), k);
     for (int i = 0; i < tiles; ++i) {
       const int32_t after_slot = slot_of_tile(i + 2);  // first used in the next iteration
       const int64_t next = slot_offset(p_, next_slot);
       prefetch_token_l2(token(next));
-      fill_tile(i % C::kStages, offset, next, raw);
+      fill_tile(i % C::kStages, offset, next, raw, scales);
       offset = next;
       next_slot = after_slot;
     }
@@ -101,12 +100,22 @@ class Fp8GatherProducer {
   // The bytes of the token at cache byte offset `offset`, or the zero token (offset -1).
   __device__ const uint8_t* token(int64_t offset) const { return offset >= 0 ? cache_ + offset : kFp8ZeroToken; }
 
+  // The token's four scales: one 16-byte load per token and tile.
+  __device__ float4 load_scales(const uint8_t* token) const {
+    const uint4 v = device::load_nc_16(token + kFp8ScaleOffset);
+    return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+  }
+
   // The thread's bytes of slab k: the loads stay in flight until the slab converts.
   __device__ RawSlab load_slab(const uint8_t* token, int k) const {
     const uint8_t* src = token + k * C::kSlabCols + half_ * 32;
-    // A scale covers two slabs: the second read hits L1.
-    return RawSlab{device::load_nc_16(src), device::load_nc_16(src + 16),
-                   device::load_nc_f32(token + kFp8ScaleOffset + 4 * (k / 2))};
+    return RawSlab{device::load_nc_16(src), device::load_nc_16(src + 16)};
+  }
+
+  // The scale of slab k (compile-time k) among a token's four.
+  __device__ static float slab_scale(const float4& scales, int k) {
+    const int tile = k / 2;
+    return tile == 0 ? scales.x : tile == 1 ? scales.y : tile == 2 ? scales.z : scales.w;
   }
 
   // The 128-byte lines of a token (16-byte aligned: up to 6 lines) into L2, three per thread of
@@ -121,10 +130,11 @@ class Fp8GatherProducer {
 
   // Fills the tile of `offset` into `stage`; on return raw holds the first slabs of the token
   // at `next` (the next tile's key of this thread).
-  __device__ void fill_tile(int stage, int64_t offset, int64_t next, RawSlab (&raw)[kLookahead]) {
+  __device__ void fill_tile(int stage, int64_t offset, int64_t next, RawSlab (&raw)[kLookahead], float4& scales) {
     namespace dev = mlakit::device::sm90;
     const uint8_t* bytes = token(offset);
     const uint8_t* next_bytes = token(next);
+    const float4 next_scales = load_scales(next_bytes);
     const uint32_t ballot = __ballot_sync(0xffffffffu, offset >= 0);
     const uint32_t parity = ((phases_ >> stage) & 1u) ^ 1u;
     phases_ ^= 1u << stage;
@@ -147,12 +157,7 @@ class Fp8GatherProducer {
       const int ahead = k + kLookahead;
       const RawSlab loaded =
           ahead < C::kNopeSlabs ? load_slab(bytes, ahead) : load_slab(next_bytes, ahead - C::kNopeSlabs);
-      if constexpr (kL1Lookahead > 0) {
-        const int far = k + kL1Lookahead;
-        device::prefetch_l1((far < C::kNopeSlabs ? bytes : next_bytes) + (far % C::kNopeSlabs) * C::kSlabCols +
-                            half_ * 32);
-      }
-      store_dequantized(stage, k, raw[0]);
+      store_dequantized(stage, k, raw[0], slab_scale(scales, k));
 #pragma unroll
       for (int j = 0; j + 1 < kLookahead; ++j) raw[j] = raw[j + 1];
       raw[kLookahead - 1] = loaded;
@@ -161,21 +166,22 @@ class Fp8GatherProducer {
       __syncwarp();
       if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm_.full[stage][k]);
     }
+    scales = next_scales;
   }
 
   // The thread's 32 values of slab k, dequantized, into chunks 4 half .. 4 half + 3 of its
   // key's swizzled row.
-  __device__ void store_dequantized(int stage, int k, const RawSlab& raw) {
+  __device__ void store_dequantized(int stage, int k, const RawSlab& raw, float scale) {
     namespace dev = mlakit::device::sm90;
     const uint32_t row = dev::smem_u32(&sm_.kv[stage][k][key_ * 128]);
     const int swizzle = key_ & 7, c0 = 4 * half_;
-    dev::st_shared_16(row + ((c0 ^ swizzle) * 16), device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.x, raw.lo.y), raw.scale));
+    dev::st_shared_16(row + ((c0 ^ swizzle) * 16), device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.x, raw.lo.y), scale));
     dev::st_shared_16(row + (((c0 + 1) ^ swizzle) * 16),
-                      device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.z, raw.lo.w), raw.scale));
+                      device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.z, raw.lo.w), scale));
     dev::st_shared_16(row + (((c0 + 2) ^ swizzle) * 16),
-                      device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.x, raw.hi.y), raw.scale));
+                      device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.x, raw.hi.y), scale));
     dev::st_shared_16(row + (((c0 + 3) ^ swizzle) * 16),
-                      device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.z, raw.hi.w), raw.scale));
+                      device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.z, raw.hi.w), scale));
   }
 
   const MlaDecodeParams& p_;
