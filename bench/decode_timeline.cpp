@@ -185,6 +185,18 @@ int main(int argc, char** argv) {
 
       RoleTrace role[timeline_tool::kRoles];
       timeline_tool::read_roles(raw, i, capacity, role);
+      {
+        // The producer per tile: issuing the low half (and waiting for the high half to be
+        // free), issuing the high half, then waiting for the next tile's stage.
+        const auto low_free = role[0].at(TimelineEvent::kProducerStageLowFree);
+        const auto high_free = role[0].at(TimelineEvent::kProducerStageHighFree);
+        const auto issued = role[0].at(TimelineEvent::kProducerTileIssued);
+        for (size_t t = 0; t < low_free.size() && t < high_free.size() && t < issued.size(); ++t) {
+          add("P  low free -> high free", static_cast<int32_t>(high_free[t] - low_free[t]));
+          add("P  high free -> tile issued", static_cast<int32_t>(issued[t] - high_free[t]));
+          if (t + 1 < low_free.size()) add("P  tile issued -> next low free", static_cast<int32_t>(low_free[t + 1] - issued[t]));
+        }
+      }
       for (int w = 0; w < 2; ++w) {
         const RoleTrace& c = role[1 + w];
         if (static_cast<int>(c.records.size()) >= capacity) truncated = true;
