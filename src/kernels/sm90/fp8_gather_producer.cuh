@@ -55,9 +55,10 @@ class Fp8GatherProducer {
   static_assert(kFp8NopeDim == C::kNopeSlabs * C::kSlabCols, "one quantized slab per V slab");
   static_assert(kFp8Tile == 2 * C::kSlabCols, "a scale covers two slabs");
 
-  // Slabs loaded ahead of the one being converted (registers: 9 per slab; 5 spill at 88).
-  // H200, b=128 h_q=128 topk=2048, with an L1 prefetch further ahead (since dropped): 2 slabs
-  // 462.0 us, 3: 478.8, 4: 483.8.
+  // Slabs loaded ahead of the one being converted (8 registers each). H200, b=128 h_q=128
+  // topk=2048, with the per-slab scale and an L1 prefetch further ahead (both since dropped):
+  // 2 slabs 462.0 us, 3: 478.8, 4: 483.8; H100 at 2f80ba5: 3 slabs 452.2 us vs 455.1, but 1.5%
+  // slower at h_q 64 topk 16384 (docs/kernels/mla_sparse_decode_sm90.md).
   static constexpr int kLookahead = 2;
 
   // The 32 e4m3 bytes of one thread in one slab (the scale comes from the token's four).
