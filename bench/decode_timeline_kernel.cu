@@ -1,4 +1,4 @@
-// The traced copy of the Hopper dense decode for mlakit-decode-timeline: compiled with
+// The traced copies of the Hopper dense and sparse FP8 decodes for mlakit-decode-timeline: compiled with
 // MLAKIT_SM90_TIMELINE and every namespace renamed (-Dmlakit=mlakit_timeline, set on this file
 // only), so it shares no symbol with the library's kernel. Its entry point has C linkage and
 // untyped pointers: the caller (decode_timeline.cpp) fills the parameters and the timeline
@@ -6,26 +6,52 @@
 #include <cuda_bf16.h>
 
 #include "kernels/sm90/mla_decode_sm90_kernel.cuh"
+#include "kernels/sm90/mla_sparse_decode_sm90_kernel.cuh"
 
 #ifndef MLAKIT_SM90_TIMELINE
 #error "decode_timeline_kernel.cu needs MLAKIT_SM90_TIMELINE (set by its CMake target)"
 #endif
 
+namespace {
+
+namespace d = mlakit::detail;
+using C = d::sm90::Sm90DecodeConfig;
+
+// Copies `timeline` (TimelineBuffer) to the kernels' global and lets `kernel` have the decode's
+// shared memory; the grid of `params`: (row tiles, h_kv, parts).
+template <typename Kernel>
+cudaError_t prepare(Kernel kernel, const d::MlaDecodeParams& p, const void* timeline, cudaStream_t stream,
+                    dim3* grid) {
+  cudaError_t err = cudaMemcpyToSymbolAsync(d::sm90::g_timeline, timeline, sizeof(d::sm90::TimelineBuffer), 0,
+                                            cudaMemcpyHostToDevice, stream);
+  if (err != cudaSuccess) return err;
+  *grid = dim3((p.rows + C::kRows - 1) / C::kRows, p.h_kv, p.num_parts);
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, d::sm90::kSm90SmemBytes);
+}
+
+}  // namespace
+
 // Launches the traced bf16 kernel (no combine) on `stream` with `params` (MlaDecodeParams)
 // and `timeline` (TimelineBuffer, copied to the kernel's global before the launch).
 extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap* kv_map, int box_rows,
                                            const CUtensorMap* q_map, const void* timeline, cudaStream_t stream) {
-  namespace d = mlakit::detail;
-  using C = d::sm90::Sm90DecodeConfig;
   const auto& p = *static_cast<const d::MlaDecodeParams*>(params);
-  cudaError_t err = cudaMemcpyToSymbolAsync(d::sm90::g_timeline, timeline, sizeof(d::sm90::TimelineBuffer), 0,
-                                            cudaMemcpyHostToDevice, stream);
-  if (err != cudaSuccess) return err;
   auto kernel = &d::sm90::mla_decode_sm90_kernel<__nv_bfloat16>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, d::sm90::kSm90SmemBytes);
+  dim3 grid;
+  const cudaError_t err = prepare(kernel, p, timeline, stream, &grid);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.rows + C::kRows - 1) / C::kRows, p.h_kv, p.num_parts);
   kernel<<<grid, C::kThreads, d::sm90::kSm90SmemBytes, stream>>>(p, *kv_map, box_rows,
                                                                    q_map != nullptr ? *q_map : *kv_map, q_map != nullptr);
+  return cudaGetLastError();
+}
+
+// The same for the sparse FP8 decode (params of make_sparse_decode_params; h_kv 1).
+extern "C" cudaError_t traced_sparse_decode(const void* params, const void* timeline, cudaStream_t stream) {
+  const auto& p = *static_cast<const d::MlaDecodeParams*>(params);
+  auto kernel = &d::sm90::mla_sparse_decode_sm90_kernel;
+  dim3 grid;
+  const cudaError_t err = prepare(kernel, p, timeline, stream, &grid);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, C::kThreads, d::sm90::kSm90SmemBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -38,21 +38,20 @@ std::vector<SparseBenchCase> sparse_bench_cases(bool quick, const std::string& f
   return kept;
 }
 
-SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& s) {
+DeviceSparseCase make_device_sparse_case(const SparseBenchCase& c, MlaDecodeKernel kernel, cudaStream_t stream) {
   const int64_t tokens = c.b * static_cast<int64_t>(c.s_k);
   const int64_t num_blocks = tokens / c.page;
-  // Sequence i owns cache tokens [i * s_k, (i + 1) * s_k); the indices pick random ones.
   DeviceBuffer cache(tokens * kMlaFp8TokenBytes);
   {
     const int64_t chunk = std::min(tokens, kQuantizeChunk);
     DeviceBuffer staging(chunk * 576 * 2);
     for (int64_t first = 0; first < tokens; first += chunk) {
       const int64_t n = std::min(chunk, tokens - first);
-      fill_uniform(staging.get(), DType::kBF16, n * 576, 1000 + first, s.stream);
+      fill_uniform(staging.get(), DType::kBF16, n * 576, 1000 + first, stream);
       BENCH_STATUS(quantize_mla_cache_fp8(
           make_tensor(staging.get(), DType::kBF16, {n, 576}),
           make_tensor(static_cast<uint8_t*>(cache.get()) + first * kMlaFp8TokenBytes, DType::kUInt8, {n, 656}),
-          s.stream));
+          stream));
     }
   }
   std::vector<int32_t> host_indices(c.b * c.s_q * c.topk);
@@ -63,17 +62,22 @@ SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& s) {
       host_indices[i * c.s_q * c.topk + k] = static_cast<int32_t>(i * c.s_k + pos(rng));
     }
   }
-  DeviceBuffer indices(host_indices);
-  DeviceBuffer q(c.b * c.s_q * c.h_q * 576 * 2), out(c.b * c.s_q * c.h_q * 512 * 2), lse(c.b * c.h_q * c.s_q * 4);
-  fill_uniform(q.get(), DType::kBF16, c.b * c.s_q * c.h_q * 576, 7, s.stream);
+  DeviceSparseCase d{std::move(cache), DeviceBuffer(host_indices), DeviceBuffer(c.b * c.s_q * c.h_q * 576 * 2),
+                     DeviceBuffer(c.b * c.s_q * c.h_q * 512 * 2), DeviceBuffer(c.b * c.h_q * c.s_q * 4), {}, {}};
+  fill_uniform(d.q.get(), DType::kBF16, c.b * c.s_q * c.h_q * 576, 7, stream);
+  d.args.q = make_tensor(d.q.get(), DType::kBF16, {c.b, c.s_q, c.h_q, 576});
+  d.args.kv_cache = make_tensor(d.cache.get(), DType::kUInt8, {num_blocks, c.page, 1, 656});
+  d.args.indices = make_tensor(d.indices.get(), DType::kInt32, {c.b, c.s_q, c.topk});
+  d.args.out = make_tensor(d.out.get(), DType::kBF16, {c.b, c.s_q, c.h_q, 512});
+  d.args.lse = make_tensor(d.lse.get(), DType::kFP32, {c.b, c.h_q, c.s_q});
+  d.problem = MlaSparseDecodeProblem{.b = c.b, .s_q = c.s_q, .h_q = c.h_q, .topk = c.topk, .kernel = kernel};
+  return d;
+}
 
-  MlaSparseDecodeArgs args;
-  args.q = make_tensor(q.get(), DType::kBF16, {c.b, c.s_q, c.h_q, 576});
-  args.kv_cache = make_tensor(cache.get(), DType::kUInt8, {num_blocks, c.page, 1, 656});
-  args.indices = make_tensor(indices.get(), DType::kInt32, {c.b, c.s_q, c.topk});
-  args.out = make_tensor(out.get(), DType::kBF16, {c.b, c.s_q, c.h_q, 512});
-  args.lse = make_tensor(lse.get(), DType::kFP32, {c.b, c.h_q, c.s_q});
-  const MlaSparseDecodeProblem problem{.b = c.b, .s_q = c.s_q, .h_q = c.h_q, .topk = c.topk, .kernel = s.kernel};
+SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& s) {
+  DeviceSparseCase d = make_device_sparse_case(c, s.kernel, s.stream);
+  const MlaSparseDecodeArgs& args = d.args;
+  const MlaSparseDecodeProblem& problem = d.problem;
   std::size_t bytes = 0;
   BENCH_STATUS(mla_sparse_decode_workspace_size(problem, &bytes));
   DeviceBuffer workspace(bytes);
@@ -82,7 +86,7 @@ SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& s) {
     BENCH_STATUS(mla_sparse_decode_plan(problem, TensorRef{}, workspace.get(), bytes, s.stream, &plan));
   });
   const FlushedTiming decode = time_flushed(s, [&] { BENCH_STATUS(mla_sparse_decode_fp8(args, plan, s.stream)); });
-  const std::vector<float> host_lse = lse.download<float>();
+  const std::vector<float> host_lse = d.lse.download<float>();
   const auto bad = std::count_if(host_lse.begin(), host_lse.end(), [](float x) { return !std::isfinite(x); });
   if (bad > 0) fail(c.name + ": " + std::to_string(bad) + " lse values are not finite");
 

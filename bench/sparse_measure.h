@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/device_data.h"
 #include "bench/measure.h"
+#include "mlakit/mla_sparse_decode.h"
 
 namespace mlakit::bench {
 
@@ -29,8 +31,16 @@ struct SparseResult {
   std::string kernel;  // the kernel family the plan chose
 };
 
-// Random bf16 cache quantized on the device, random in-sequence indices; times the plan and
-// the decode (PERF.md protocol) and checks every lse is finite.
+// A case's device data: a random bf16 cache quantized on the device (sequence i owns cache
+// tokens [i * s_k, (i + 1) * s_k)), random in-sequence indices, random q; args point at them.
+struct DeviceSparseCase {
+  DeviceBuffer cache, indices, q, out, lse;
+  MlaSparseDecodeArgs args;
+  MlaSparseDecodeProblem problem;
+};
+DeviceSparseCase make_device_sparse_case(const SparseBenchCase& c, MlaDecodeKernel kernel, cudaStream_t stream);
+
+// Times the plan and the decode of a case (PERF.md protocol) and checks every lse is finite.
 SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& settings);
 
 }  // namespace mlakit::bench

@@ -7,8 +7,8 @@
 #   --pip: also `pip install .` into a fresh venv (build dependencies from .pip-wheels/ when the
 #          machine has no index: the device has no internet) and run the Python tests against
 #          the installed package, from outside the repository.
-#   --timeline=CASE_FILTER: mlakit-decode-timeline on the dense-decode benchmark cases matching
-#          the filter (per-CTA spans, per-segment phases of the Hopper dense decode).
+#   --timeline=CASE_FILTER: mlakit-decode-timeline on the dense- and sparse-decode benchmark
+#          cases matching the filter (per-CTA spans, per-segment and per-tile phases).
 #   --profile: Nsight Compute on one launch of the kernels matching KERNEL_REGEX while the
 #          benchmark runs the BENCH_FILTER cases: the details page and the per-SASS-instruction
 #          source page (stall sampling) as CSV under $OUT.

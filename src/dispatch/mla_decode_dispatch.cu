@@ -124,8 +124,8 @@ Status dispatch_mla_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, fl
                                         : launch_mla_decode_portable<__half>(params, stream));
 }
 
-Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodePlan& plan, const SeqLengths& lengths,
-                                  float softmax_scale, cudaStream_t stream) {
+MlaDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& a, const MlaDecodePlan& plan,
+                                          const SeqLengths& lengths, float softmax_scale) {
   // One scheduled sequence per (batch entry, query token): rows = the h_q heads of one token.
   const MlaDecodeProblem& pr = plan.problem;
   MlaDecodeParams params{
@@ -151,6 +151,12 @@ Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodeP
   };
   attach_plan(plan, &params);
   attach_io(a.q, a.out, a.lse, &params);
+  return params;
+}
+
+Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodePlan& plan, const SeqLengths& lengths,
+                                  float softmax_scale, cudaStream_t stream) {
+  const MlaDecodeParams params = make_sparse_decode_params(a, plan, lengths, softmax_scale);
   // The plan's kernel: its layout (rows per tile, parts) was made for that kernel.
   return cuda_status("mla_sparse_decode_fp8", plan.kernel == MlaDecodeKernel::kSm90
                                                   ? launch_mla_sparse_decode_sm90(params, stream)

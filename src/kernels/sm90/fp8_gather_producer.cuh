@@ -140,12 +140,14 @@ class Fp8GatherProducer {
     const uint32_t parity = ((phases_ >> stage) & 1u) ^ 1u;
     phases_ ^= 1u << stage;
     dev::mbarrier_wait(&sm_.empty[stage][C::kLowSlabs], parity);
+    MLAKIT_SM90_STAMP(kProducerStageLowFree);
     publish_valid_mask(sm_, stage, key_mask_of_lane_pairs(ballot));  // read before the low half's release, too
 #pragma unroll
     for (int k = 0; k < C::kNopeSlabs; ++k) {
       if (k == C::kFirstHighSlab) {
         // The stage's other half (slabs 4..8) is free too: RoPE first (slab 8, by cp.async).
         dev::mbarrier_wait(&sm_.empty[stage][C::kHighSlabs], parity);
+        MLAKIT_SM90_STAMP(kProducerStageHighFree);
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int chunk = 4 * half_ + c;
@@ -167,6 +169,7 @@ class Fp8GatherProducer {
       __syncwarp();
       if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm_.full[stage][k]);
     }
+    MLAKIT_SM90_STAMP(kProducerTileIssued);  // here: the last slab converted
     scales = next_scales;
   }
 

@@ -20,6 +20,8 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
   extern __shared__ uint8_t smem_raw[];
+  MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
+  if (threadIdx.x == 0) MLAKIT_SM90_CTA_SPAN(false);
   Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return fp8_gathered_full_count(slab); });
   const PartRange& range = p.part_ranges[blockIdx.z];
   if (threadIdx.x < 128) {
@@ -32,6 +34,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     dev::setmaxnreg_inc<C::kFp8ConsumerRegs>();
     Sm90Consumer<__nv_bfloat16, /*kGathered=*/true, /*kPvA1First=*/true> consumer(p, sm, blockIdx.x, 0);
     consumer.run_part(range);
+    if (threadIdx.x == 128) MLAKIT_SM90_CTA_SPAN(true);
   }
 #endif
 }
