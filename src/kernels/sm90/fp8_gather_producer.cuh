@@ -130,7 +130,7 @@ class Fp8GatherProducer {
   }
 
   // Fills the tile of `offset` into `stage`; on return raw holds the first slabs of the token
-  // at `next` (the next tile's key of this thread).
+  // at `next` (the next tile's key of this thread) and scales that token's scales.
   __device__ void fill_tile(int stage, int64_t offset, int64_t next, RawSlab (&raw)[kLookahead], float4& scales) {
     namespace dev = mlakit::device::sm90;
     const uint8_t* bytes = token(offset);
