@@ -139,6 +139,39 @@ void trace(support::L2Flusher& flusher, cudaStream_t stream, bench::DeviceBuffer
   BENCH_CUDA(cudaEventDestroy(stop));
 }
 
+// The events of all roles of CTA 0 in two steady-state pairs (consumer 0's pairs 8 and
+// 9: mid-segment in the benchmark cases), merged by clock (one SM, one clock) and relative to
+// the first pair's start: who waits for whom within a pair.
+void print_steady_pairs(const std::vector<uint64_t>& raw, int capacity) {
+  static const char* const kNames[] = {"P  low half free",  "P  high half free", "P  tile converted", "C  Q loaded",
+                                       "C  pair start",     "C  own first slab", "C  own last slab",  "C  S done",
+                                       "C  P hand-off",     "C  pair end",       "C  stored",        "C  P published"};
+  RoleTrace role[timeline_tool::kRoles];
+  timeline_tool::read_roles(raw, 0, capacity, role);
+  const auto starts = role[1].at(TimelineEvent::kConsumerPairStart);
+  if (starts.size() < 11) return;
+  const uint32_t t0 = starts[8], t1 = starts[10];
+  struct Row {
+    int32_t at;
+    int role;
+    uint32_t event;
+  };
+  std::vector<Row> rows;
+  for (int r = 0; r < timeline_tool::kRoles; ++r) {
+    for (const auto& rec : role[r].records) {
+      const int32_t at = static_cast<int32_t>(rec.clock - t0);
+      if (at >= -2000 && static_cast<int32_t>(rec.clock - t1) < 0) rows.push_back({at, r, static_cast<uint32_t>(rec.event)});
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.at < b.at; });
+  std::printf("CTA 0, consumer 0's pairs 8-9 (cycles from pair 8's start; P0..P3: producer warps, C0, C1)\n");
+  for (const Row& row : rows) {
+    static const char* const kWho[] = {"P0", "C0", "C1", "P1", "P2", "P3"};
+    const int names = static_cast<int>(sizeof(kNames) / sizeof(kNames[0]));
+    std::printf("  %7d  %s  %s\n", row.at, kWho[row.role], static_cast<int>(row.event) < names ? kNames[row.event] : "?");
+  }
+}
+
 // Prints the CTA spans, the fit of each CTA's duration to its tiles and segments, and the
 // per-segment and per-tile phases of the roles.
 void report(const TracedRun& t, int capacity) {
@@ -241,6 +274,7 @@ void report(const TracedRun& t, int capacity) {
   for (const auto& [name, s] : st) {
     std::printf("%-44s %10.0f %10.0f %10.0f %8d\n", name.c_str(), s.mean(), s.lo, s.hi, s.n);
   }
+  print_steady_pairs(raw, capacity);
 }
 
 int main(int argc, char** argv) {

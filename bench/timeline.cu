@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
   buffer.first_cta = grid / 2 / row_tiles * row_tiles;
   buffer.ctas = traced;
   buffer.capacity = kCapacity;
-  buffer.records = device_alloc<uint64_t>(int64_t{traced} * 3 * kCapacity);
+  buffer.records = device_alloc<uint64_t>(int64_t{traced} * timeline_tool::kRoles * kCapacity);
   CHECK_CUDA(cudaMemcpyToSymbol(mlakit::detail::sm90::g_timeline, &buffer, sizeof(buffer)));
 
   auto kernel = &mlakit::detail::sm90::mla_sparse_prefill_sm90_kernel<__nv_bfloat16>;
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreate(&stop));
   float ms = 0;
   for (int run = 0; run < 3; ++run) {  // the last run's records stay
-    CHECK_CUDA(cudaMemset(buffer.records, 0, int64_t{traced} * 3 * kCapacity * sizeof(uint64_t)));
+    CHECK_CUDA(cudaMemset(buffer.records, 0, int64_t{traced} * timeline_tool::kRoles * kCapacity * sizeof(uint64_t)));
     CHECK_CUDA(cudaEventRecord(start));
     kernel<<<grid, C::kThreads, mlakit::detail::sm90::kSm90SmemBytes>>>(params);
     CHECK_CUDA(cudaEventRecord(stop));
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
   }
-  std::vector<uint64_t> raw(static_cast<size_t>(traced) * 3 * kCapacity);
+  std::vector<uint64_t> raw(static_cast<size_t>(traced) * timeline_tool::kRoles * kCapacity);
   CHECK_CUDA(cudaMemcpy(raw.data(), buffer.records, raw.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
   std::printf("sparse prefill h_q %d s_kv %d s_q %d topk %d: %.1f us (traced kernel), CTAs %d..%d traced\n", h_q,
               s_kv, s_q, kTopk, ms * 1e3, buffer.first_cta, buffer.first_cta + traced - 1);

@@ -13,7 +13,8 @@
 namespace timeline_tool {
 
 using TimelineEvent = ::mlakit::detail::sm90::TimelineEvent;
-inline constexpr int kRoles = 3;  // producer, consumer 0, consumer 1
+// Producer warp 0, consumer 0, consumer 1, producer warps 1..3 (src/kernels/sm90/timeline.cuh).
+inline constexpr int kRoles = ::mlakit::detail::sm90::kTimelineRoles;
 
 struct Record {
   TimelineEvent event;

@@ -67,6 +67,11 @@ struct MlaDecodePlan {
   std::size_t partial_lse_offset = 0;    // float [partial_slots, h_kv, rows] (log2 domain)
   int64_t partial_slots = 0;             // capacity of the partial regions, in splits
   int64_t sparse_topk = 0;               // sparse decode plans: the topk they were made for; 0: dense
+  // Every scheduled sequence lies whole in one part (one split each, none empty): the
+  // attention kernel writes every output directly and the combine kernel is not launched.
+  // Set by sparse decode plans made without topk_length whose parts hold whole sequences
+  // (docs/design.md, "Sparse decode on the same machinery"); false otherwise.
+  bool no_splits = false;
 };
 
 struct MlaDecodeArgs {

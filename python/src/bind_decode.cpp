@@ -70,6 +70,8 @@ void bind_decode(nb::module_& m) {
       .def_ro("workspace_bytes", &MlaDecodePlan::workspace_bytes)
       .def_ro("part_ranges_offset", &MlaDecodePlan::part_ranges_offset, "int32 [num_parts, 8] per-CTA work ranges")
       .def_ro("split_prefix_offset", &MlaDecodePlan::split_prefix_offset, "int32 [b + 1] prefix sums of splits")
+      .def_ro("no_splits", &MlaDecodePlan::no_splits,
+              "True when every sequence lies whole in one part (no combine): sparse plans without topk_length")
       .def_prop_ro("kernel",
                    [](const MlaDecodePlan& p) {
                      return p.kernel == MlaDecodeKernel::kSm90 ? std::string("sm90") : std::string("portable");

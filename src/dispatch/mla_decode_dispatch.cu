@@ -52,6 +52,7 @@ static void attach_plan(const MlaDecodePlan& plan, MlaDecodeParams* p) {
   p->partial_lse = region<float>(plan, plan.partial_lse_offset);
   p->block_n = plan.block_n;
   p->num_parts = plan.num_parts;
+  p->no_splits = plan.no_splits;  // the attention launchers then skip the combine
 }
 
 // q / out [b, s_q, h_q, d] and lse [b, h_q, s_q], as both decodes take them.

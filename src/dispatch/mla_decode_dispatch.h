@@ -22,7 +22,8 @@ Status dispatch_mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan,
                            float softmax_scale, cudaStream_t stream);
 
 // Sparse FP8 decode: plan over (batch, query token) sequences of length topk_length / topk,
-// then the plan's kernel (Hopper or portable) + combine. make_sparse_decode_params: the kernel
+// then the plan's kernel (Hopper or portable) + combine (none for a plan with no_splits: the
+// kernel wrote every output). make_sparse_decode_params: the kernel
 // parameters (mlakit-decode-timeline launches its traced copy of the Hopper kernel with them).
 Status dispatch_sparse_decode_plan(const MlaDecodePlan& plan, const SeqLengths& lengths, cudaStream_t stream);
 MlaDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& args, const MlaDecodePlan& plan,

@@ -126,24 +126,64 @@ Status make_decode_layout(const MlaDecodeProblem& p, const DeviceInfo& device,
   out.block_n = traits.block_n;
   out.overhead_blocks = decode_overhead_blocks(p, traits);
   out.rows_per_tile = traits.rows_per_tile;
-  out.partial_slots = 2 * static_cast<int64_t>(out.num_parts);
+  set_decode_num_parts(decode_num_parts(p, traits, device.sm_count), &out);
+  *plan = out;
+  return Status::ok();
+}
+
+void set_decode_num_parts(int num_parts, MlaDecodePlan* plan) {
+  const MlaDecodeProblem& p = plan->problem;
+  plan->num_parts = num_parts;
+  plan->partial_slots = 2 * static_cast<int64_t>(num_parts);
 
   const auto b1 = static_cast<std::size_t>(p.b + 1);
   const auto rows = static_cast<std::size_t>(decode_rows(p));
-  const auto slots_rows = static_cast<std::size_t>(out.partial_slots) * p.h_kv * rows;
+  const auto slots_rows = static_cast<std::size_t>(plan->partial_slots) * p.h_kv * rows;
   std::size_t offset = 0;
   auto region = [&offset](std::size_t bytes) {
     std::size_t at = offset;
     offset = align_up(offset + bytes);
     return at;
   };
-  out.part_ranges_offset = region(sizeof(PartRange) * out.num_parts);
-  out.split_prefix_offset = region(sizeof(int32_t) * b1);
-  out.partial_prefix_offset = region(sizeof(int32_t) * b1);
-  out.cost_prefix_offset = region(sizeof(int64_t) * b1);
-  out.partial_out_offset = region(sizeof(float) * slots_rows * p.d_v);
-  out.partial_lse_offset = region(sizeof(float) * slots_rows);
-  out.workspace_bytes = offset;
+  plan->part_ranges_offset = region(sizeof(PartRange) * num_parts);
+  plan->split_prefix_offset = region(sizeof(int32_t) * b1);
+  plan->partial_prefix_offset = region(sizeof(int32_t) * b1);
+  plan->cost_prefix_offset = region(sizeof(int64_t) * b1);
+  plan->partial_out_offset = region(sizeof(float) * slots_rows * p.d_v);
+  plan->partial_lse_offset = region(sizeof(float) * slots_rows);
+  plan->workspace_bytes = offset;
+}
+
+WholeSequenceParts whole_sequence_parts(int64_t sequences, int64_t blocks, const ScheduleConfig& c) {
+  const WholeSequenceParts fallback{c.num_parts, false};
+  // Empty sequences are written by the combine, which a plan without splits skips.
+  if (sequences < 1 || blocks < 1 || c.num_parts < 1) return fallback;
+  const int64_t per_part = (sequences + c.num_parts - 1) / c.num_parts;
+  if (sequences % per_part != 0) return fallback;  // P = T / parts would not fall on boundaries
+  const int64_t cost = blocks + c.overhead_blocks;
+  const int64_t default_part = part_size(sequences * cost, c);
+  if (per_part * cost > default_part + c.overhead_blocks) return fallback;
+  // sequences / per_part <= c.num_parts, so it fits an int and the default's workspace.
+  return WholeSequenceParts{static_cast<int>(sequences / per_part), true};
+}
+
+Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, int topk, bool with_topk_length,
+                                 const DeviceInfo& device, MlaDecodeKernel request, MlaDecodePlan* plan) {
+  MlaDecodePlan out;
+  MLAKIT_RETURN_IF_ERROR(make_decode_layout(scheduled, device, &out, request));
+  out.sparse_topk = topk;  // the schedule covers topk keys per row: checked by the decode
+  if (!with_topk_length) {
+    // Lengths known on the host: the default schedule's config decides whether whole
+    // sequences per part keep its balance.
+    const ScheduleConfig c{
+        .num_parts = out.num_parts,
+        .block_n = out.block_n,
+        .overhead_blocks = out.overhead_blocks,
+    };
+    const WholeSequenceParts w = whole_sequence_parts(scheduled.b, key_blocks(topk, c.block_n), c);
+    if (w.num_parts != out.num_parts) set_decode_num_parts(w.num_parts, &out);
+    out.no_splits = w.no_splits;
+  }
   *plan = out;
   return Status::ok();
 }

@@ -59,6 +59,41 @@ Status validate_decode_problem(const char* op, const MlaDecodeProblem& problem);
 Status make_decode_layout(const MlaDecodeProblem& problem, const DeviceInfo& device,
                           MlaDecodePlan* plan, MlaDecodeKernel request = MlaDecodeKernel::kAuto);
 
+// Sets plan->num_parts and lays the workspace regions out again for it (part ranges and
+// partial slots scale with num_parts; workspace_bytes shrinks with it).
+void set_decode_num_parts(int num_parts, MlaDecodePlan* plan);
+
+// Parts for `sequences` sequences of `blocks` key blocks each (the sparse decode without
+// topk_length: every length is topk), from the default schedule config c.
+//
+// Why: with m = ceil(sequences / c.num_parts) whole sequences per part and sequences % m == 0,
+// sequences / m parts cut the cost line at P = m * (blocks + overhead) exactly, on sequence
+// boundaries: no split, so no partial stores and no combine, and fewer segments per CTA.
+// That is taken when it keeps the balance: m * (blocks + overhead) <= P_default + overhead,
+// P_default = ceil(sequences * (blocks + overhead) / c.num_parts), i.e. the largest part
+// costs at most what the default schedule's may (P + the overhead of a continued sequence).
+// With no more sequences than parts (m = 1) it passes only when P_default >= blocks, i.e.
+// when the default schedule would not split either: few long sequences fail it (one per SM
+// would leave the other SMs idle, splitting spreads them over all of them).
+//
+// Example (Hopper kernel, 132 SMs, h_q 128: 66 parts, overhead 5; topk 2048: 32 blocks):
+//   128 sequences: m = 2, P_default = ceil(128 * 37 / 66) = 72, 2 * 37 = 74 <= 77 -> 64 parts;
+//   256 sequences: m = 4, P_default = 144, 4 * 37 = 148 <= 149 -> 64 parts;
+//   148 sequences: m = 3, 148 % 3 != 0 -> 66 parts (splits); 8 sequences: m = 1, 37 > 5 + 5
+//   -> 66 parts (splits).
+struct WholeSequenceParts {
+  int num_parts;   // c.num_parts when the test fails
+  bool no_splits;  // every sequence lies in one part (blocks >= 1: none is empty either)
+};
+WholeSequenceParts whole_sequence_parts(int64_t sequences, int64_t blocks, const ScheduleConfig& c);
+
+// The sparse decode's layout (all but `workspace`) for its scheduled problem (one sequence
+// per (batch entry, query token): b = b * s_q, s_q 1, h_kv 1): make_decode_layout's, for
+// `topk`; without topk_length every length is topk, and whole_sequence_parts may lower
+// num_parts (the regions follow) and set no_splits. Never more workspace than the default.
+Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, int topk, bool with_topk_length,
+                                 const DeviceInfo& device, MlaDecodeKernel request, MlaDecodePlan* plan);
+
 // Checks the caller's workspace against `layout` (non-null, 256-byte aligned, large enough,
 // device memory) and attaches it.
 Status attach_workspace(const char* op, void* workspace, std::size_t workspace_bytes, int device,

@@ -57,6 +57,8 @@ Status check_topk_length(const char* op, const TensorRef& t, int64_t b, int devi
 
 }  // namespace
 
+// The default layout's size: a plan of whole sequences per part (mla_sparse_decode_plan
+// without topk_length) has fewer parts, so it needs no more.
 Status mla_sparse_decode_workspace_size(const MlaSparseDecodeProblem& problem, std::size_t* bytes) {
   constexpr const char* kOp = "mla_sparse_decode_workspace_size";
   if (bytes == nullptr) return invalid(kOp, "bytes: expected a non-null pointer, got null");
@@ -78,10 +80,13 @@ Status mla_sparse_decode_plan(const MlaSparseDecodeProblem& problem, const Tenso
   MLAKIT_RETURN_IF_ERROR(detail::current_device_info(&dev));
   MLAKIT_RETURN_IF_ERROR(check_kernel_request(kOp, dev, problem.kernel));
   MLAKIT_RETURN_IF_ERROR(check_topk_length(kOp, topk_length, problem.b, dev.ordinal));
+  // Without topk_length every length is topk: the layout may cut the batch into parts of
+  // whole sequences (no split, no combine). That only lowers num_parts, so the workspace-size
+  // query (the default layout's) stays an upper bound.
   MlaDecodePlan layout;
-  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(scheduled, dev, &layout, problem.kernel));
+  MLAKIT_RETURN_IF_ERROR(
+      detail::make_sparse_decode_layout(scheduled, problem.topk, !topk_length.empty(), dev, problem.kernel, &layout));
   MLAKIT_RETURN_IF_ERROR(detail::attach_workspace(kOp, workspace, workspace_bytes, dev.ordinal, &layout));
-  layout.sparse_topk = problem.topk;  // the schedule covers topk keys per row: checked by the decode
 #if MLAKIT_WITH_CUDA
   MLAKIT_RETURN_IF_ERROR(
       detail::dispatch_sparse_decode_plan(layout, sparse_lengths(topk_length, problem.topk, problem.s_q), stream));

@@ -70,6 +70,10 @@ struct MlaDecodeParams {
   // sequences): the combine has no max to merge, so callers that need it must not split.
   float* max_logits = nullptr;
   int64_t max_logits_stride_b = 0, max_logits_stride_h = 0, max_logits_stride_s = 0;
+
+  // The plan's no_splits: every sequence has exactly one split, so the kernel writes all final
+  // rows itself and launch_mla_decode_combine has nothing to merge or fill (it launches nothing).
+  bool no_splits = false;
 };
 
 // Row r of kv head hk holds query token r / heads_per_kv of head hk * heads_per_kv +

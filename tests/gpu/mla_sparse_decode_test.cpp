@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "host/decode_layout.h"
+#include "host/device.h"
 #include "mlakit/mla_sparse_decode.h"
 #include "support/accuracy.h"
 #include "support/sparse_decode_case.h"
@@ -100,6 +102,65 @@ INSTANTIATE_TEST_SUITE_P(Sweep, MlaSparseDecodeSweep,
                            return std::get<0>(info.param).name() +
                                   (std::get<1>(info.param) == MlaDecodeKernel::kSm90 ? "_sm90" : "_portable");
                          });
+
+// Without topk_length a plan may hold whole sequences per part: every output is then
+// written by the attention kernel, the combine is not launched. b = default parts - 2 with
+// s_q 2 (b 64 at h_q 128 on a 132-SM GPU, the benchmark's shape with topk 576) gives b parts
+// of two sequences each on any GPU; outputs start NaN-poisoned, so a row the kernel did not
+// write fails the comparison.
+TEST(MlaSparseDecodeWholeSequences, WrittenWithoutCombine) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  detail::DeviceInfo dev;
+  ASSERT_TRUE(detail::current_device_info(&dev));
+  std::vector<MlaDecodeKernel> kernels = {MlaDecodeKernel::kPortable};
+  if (is_hopper()) kernels.push_back(MlaDecodeKernel::kSm90);
+  for (const MlaDecodeKernel kernel : kernels) {
+    SCOPED_TRACE(kernel == MlaDecodeKernel::kSm90 ? "sm90" : "portable");
+    const detail::DecodeKernelTraits traits = detail::decode_kernel_traits(kernel);
+    const MlaDecodeProblem per_token{.b = 1, .s_q = 1, .h_q = 128, .h_kv = 1};
+    const int default_parts = detail::decode_num_parts(per_token, traits, dev.sm_count);
+    if (default_parts < 12) GTEST_SKIP() << "too few SMs for the case: " << dev.sm_count;
+    const int64_t b = default_parts - 2;
+    support::HostSparseCase c = support::make_sparse_case({.b = b, .s_q = 2, .h_q = 128, .topk = 576,
+                                                           .num_blocks = 10, .page_size = 64, .with_sink = true,
+                                                           .seed = 57});
+    const detail::ScheduleConfig config = detail::decode_schedule_config(per_token, traits, dev.sm_count);
+    const detail::WholeSequenceParts expected = detail::whole_sequence_parts(2 * b, 9, config);
+    ASSERT_TRUE(expected.no_splits);
+    ASSERT_EQ(expected.num_parts, b);
+
+    MlaSparseDecodeProblem problem = c.problem();
+    problem.kernel = kernel;
+    DeviceBuffer q(c.q), cache(c.cache), indices(c.indices), out(c.out_elems() * 2), lse(c.lse_elems() * 4);
+    DeviceBuffer sink(c.sink.size() * 4);
+    sink.upload(c.sink.data(), c.sink.size() * 4);
+    out.fill16(0x7fc0);
+    lse.fill32(0x7fc00000u);
+    const MlaSparseDecodeArgs args =
+        c.args(q.get(), cache.get(), indices.get(), nullptr, sink.get(), out.get(), DType::kBF16, lse.get());
+    std::size_t bytes = 0;
+    ASSERT_TRUE(mla_sparse_decode_workspace_size(problem, &bytes));
+    DeviceBuffer ws(bytes);
+    MlaDecodePlan plan;
+    Status s = mla_sparse_decode_plan(problem, TensorRef{}, ws.get(), bytes, nullptr, &plan);
+    ASSERT_TRUE(s) << s.to_string();
+    EXPECT_EQ(plan.num_parts, expected.num_parts);
+    EXPECT_TRUE(plan.no_splits);
+    s = mla_sparse_decode_fp8(args, plan, nullptr);
+    ASSERT_TRUE(s) << s.to_string();
+    MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+    // The device planner agrees: one split per sequence.
+    const std::vector<int32_t> ws_ints = ws.download<int32_t>();
+    for (int64_t i = 0; i <= 2 * b; ++i) {
+      ASSERT_EQ(ws_ints[plan.split_prefix_offset / 4 + i], i) << "split prefix at sequence " << i;
+    }
+    const support::SparseReferenceResult ref = support::run_sparse_reference(c);
+    const auto o = support::check_half_outputs(out.download<uint16_t>(), ref.out, DType::kBF16, "out");
+    EXPECT_TRUE(o.ok) << o.message << " (cosine diff " << o.cosine_diff << ")";
+    const auto l = support::check_float_stats(lse.download<float>(), ref.lse, "lse");
+    EXPECT_TRUE(l.ok) << l.message;
+  }
+}
 
 TEST(MlaSparseDecodeGraph, CaptureAndReplayMatchEagerBits) {
   MLAKIT_SKIP_WITHOUT_GPU();

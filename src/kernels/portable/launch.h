@@ -27,7 +27,8 @@ cudaError_t launch_mla_decode_portable(const MlaDecodeParams& params, cudaStream
 template <typename Elem>
 cudaError_t launch_mla_portable_whole_sequence(const MlaDecodeParams& params, cudaStream_t stream);
 
-// Merges the partial results of split sequences and writes empty sequences (0, +inf).
+// Merges the partial results of split sequences and writes empty sequences (0, +inf);
+// launches nothing when params.no_splits (no split, no empty sequence).
 template <typename Elem>
 cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream);
 

@@ -38,6 +38,10 @@ cudaError_t launch_mla_portable_whole_sequence(const MlaDecodeParams& params, cu
 
 template <typename Elem>
 cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream) {
+  // A plan without splits (and so without empty sequences): the attention kernel wrote every
+  // output; the combine would only read the split counts and return. Checked here because
+  // every attention launcher ends with this call.
+  if (params.no_splits) return cudaSuccess;
   using C = portable::CombineConfig;
   const int row_groups = min((params.rows + C::kWarps - 1) / C::kWarps, C::kMaxRowGroups);
   dim3 grid(static_cast<unsigned>(params.b), params.h_kv, row_groups);

@@ -4,10 +4,11 @@
 // which builds its own copy of the kernel); elsewhere every stamp is empty and the library's
 // kernels carry no trace of it.
 //
-// Thread 0 of each warpgroup (role 0: producer, 1 and 2: consumers 0 and 1) of the traced
-// CTAs [first_cta, first_cta + ctas) (linear CTA index, x fastest) appends (event << 32 | low
-// 32 bits of clock64) records to its row of `records` ([ctas][3][capacity]); the row's count
-// is kept in shared memory. Where `cta_spans` is set, every CTA also writes the global timer
+// Thread 0 of each warpgroup (role 0: producer warp 0, 1 and 2: consumers 0 and 1) and lane 0
+// of producer warps 1..3 (roles 3..5: the slab barriers wait for the slowest producer warp) of
+// the traced CTAs [first_cta, first_cta + ctas) (linear CTA index, x fastest) append (event <<
+// 32 | low 32 bits of clock64) records to their row of `records` ([ctas][kTimelineRoles]
+// [capacity]); the row's count is kept in shared memory. Where `cta_spans` is set, every CTA also writes the global timer
 // (ns, comparable across SMs) at its start and at its consumers' end ([grid CTAs][2]).
 #pragma once
 
@@ -27,7 +28,10 @@ enum class TimelineEvent : uint32_t {
   kConsumerHandoff,        // the other consumer's P received (bar.sync passed)
   kConsumerPairEnd,
   kConsumerStored,         // segment outputs written
+  kConsumerPublished,      // own P tile and row max published to the other consumer
 };
+
+inline constexpr int kTimelineRoles = 6;  // producer warp 0, consumers 0 and 1, producer warps 1..3
 
 struct TimelineBuffer {
   uint64_t* records = nullptr;
@@ -39,11 +43,11 @@ struct TimelineBuffer {
 
 #ifdef MLAKIT_SM90_TIMELINE
 __device__ TimelineBuffer g_timeline;
-__shared__ uint32_t timeline_count[3];  // records written per role
+__shared__ uint32_t timeline_count[kTimelineRoles];  // records written per role
 
 // Before the kernel's first CTA-wide barrier.
 __device__ __forceinline__ void timeline_reset() {
-  if (threadIdx.x < 3) timeline_count[threadIdx.x] = 0;
+  if (threadIdx.x < kTimelineRoles) timeline_count[threadIdx.x] = 0;
 }
 
 __device__ __forceinline__ int64_t timeline_linear_cta() {
@@ -60,12 +64,14 @@ __device__ __forceinline__ void timeline_cta_span(bool end) {
 
 __device__ __forceinline__ void timeline_stamp(TimelineEvent e) {
   const int64_t cta = timeline_linear_cta() - g_timeline.first_cta;
-  if (threadIdx.x % 128 != 0 || cta < 0 || cta >= g_timeline.ctas) return;
-  const int role = threadIdx.x / 128;
+  const int warp = threadIdx.x / 32;
+  const bool recorder = threadIdx.x % 128 == 0 || (warp < 4 && threadIdx.x % 32 == 0);
+  if (!recorder || cta < 0 || cta >= g_timeline.ctas) return;
+  const int role = threadIdx.x % 128 == 0 ? threadIdx.x / 128 : 2 + warp;
   const uint32_t clock = static_cast<uint32_t>(clock64());
   const uint32_t n = timeline_count[role];
   if (n < static_cast<uint32_t>(g_timeline.capacity)) {
-    g_timeline.records[(static_cast<int64_t>(cta) * 3 + role) * g_timeline.capacity + n] =
+    g_timeline.records[(static_cast<int64_t>(cta) * kTimelineRoles + role) * g_timeline.capacity + n] =
         (static_cast<uint64_t>(e) << 32) | clock;
   }
   timeline_count[role] = n + 1;
