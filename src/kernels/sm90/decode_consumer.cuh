@@ -289,10 +289,11 @@ class Sm90Consumer {
   //   TMA tiles: each slab's 4 k-steps as soon as that slab has landed (S overlaps the
   //   tile's own load).
   //   Gathered tiles (st.shared, cp.async: the generic proxy) need a proxy fence between the
-  //   wait and the wgmma reads, and each fence costs the consumer hundreds of cycles: the
-  //   whole tile is waited for, then one fence. With a fence per slab the S issue took ~2,200
-  //   cycles of a ready tile (FP8 sparse decode timeline, H100) and the kernel 10% longer
-  //   (b=128 h_q=128 topk=2048: 409 vs 449 us, same call); one fence per stage half (slabs
+  //   wait and the wgmma reads: the whole tile is waited for, then one fence. With a fence per
+  //   slab the S issue took ~2,200 cycles of a ready tile (FP8 sparse decode timeline, H100),
+  //   as if each fence waited for the k-steps already issued, and the kernel ran 10% longer
+  //   (b=128 h_q=128 topk=2048: 409 vs 449 us, same call); a fence with no wgmma in flight
+  //   is cheap (dropping the hand-off ones gained 0.5%). One fence per stage half (slabs
   //   0..3, 4..8) measured 1% faster in the decode but made ptxas serialise the sparse
   //   prefill's wgmmas (C7520).
   __device__ bool issue_scores(float (&s)[32], int stage, int tile_start, int key_end) {
