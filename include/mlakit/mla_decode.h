@@ -67,6 +67,9 @@ struct MlaDecodePlan {
   std::size_t partial_lse_offset = 0;    // float [partial_slots, h_kv, rows] (log2 domain)
   int64_t partial_slots = 0;             // capacity of the partial regions, in splits
   int64_t sparse_topk = 0;               // sparse decode plans: the topk they were made for; 0: dense
+  // Sparse decode plans: made with a topk_length tensor. The decode must get one exactly when
+  // its plan did (a plan of uniform lengths may hold whole sequences per part, below).
+  bool sparse_topk_length = false;
   // Every scheduled sequence lies whole in one part (one split each, none empty): the
   // attention kernel writes every output directly and the combine kernel is not launched.
   // Set by sparse decode plans made without topk_length whose parts hold whole sequences

@@ -172,6 +172,7 @@ Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, int topk, bo
   MlaDecodePlan out;
   MLAKIT_RETURN_IF_ERROR(make_decode_layout(scheduled, device, &out, request));
   out.sparse_topk = topk;  // the schedule covers topk keys per row: checked by the decode
+  out.sparse_topk_length = with_topk_length;  // checked by the decode too
   if (!with_topk_length) {
     // Lengths known on the host: the default schedule's config decides whether whole
     // sequences per part keep its balance.

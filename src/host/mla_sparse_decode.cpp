@@ -124,6 +124,12 @@ Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, const MlaDecodePla
     return invalid(kOp, "plan: expected a plan for topk = " + std::to_string(shape.topk) +
                             " (mla_sparse_decode_plan), got a plan for topk = " + std::to_string(plan.sparse_topk));
   }
+  // The schedule follows the lengths the plan saw: topk_length's, or topk for every row.
+  if (plan.sparse_topk_length != !args.topk_length.empty()) {
+    return invalid(kOp, std::string("topk_length: expected ") + (plan.sparse_topk_length ? "a tensor" : "none") +
+                            " (as given to mla_sparse_decode_plan), got " +
+                            (args.topk_length.empty() ? "none" : "a tensor"));
+  }
   MLAKIT_RETURN_IF_ERROR(detail::check_row_alignment(kOp, "q", args.q, 16));
   MLAKIT_RETURN_IF_ERROR(detail::check_row_alignment(kOp, "kv_cache", args.kv_cache, 16));
   MLAKIT_RETURN_IF_ERROR(detail::check_row_alignment(kOp, "out", args.out, 4));

@@ -237,6 +237,24 @@ TEST(MlaSparseDecodeValidation, CausalAndHostPointersAndPlanMismatch) {
   EXPECT_NE(s.message().find("plan: expected a plan for topk = 64 (mla_sparse_decode_plan), got a plan for topk = 128"),
             std::string::npos)
       << s.message();
+  // topk_length at the decode but not at the plan, and the other way round.
+  const int32_t host_lengths[2] = {64, 64};
+  DeviceBuffer lengths(sizeof(host_lengths));
+  lengths.upload(host_lengths, sizeof(host_lengths));
+  args.topk_length = make_tensor(lengths.get(), DType::kInt32, {2});
+  s = mla_sparse_decode_fp8(args, plan, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("topk_length: expected none (as given to mla_sparse_decode_plan), got a tensor"),
+            std::string::npos)
+      << s.message();
+  MlaDecodePlan with_lengths;
+  ASSERT_TRUE(mla_sparse_decode_plan(c.problem(), args.topk_length, ws.get(), bytes, nullptr, &with_lengths));
+  args.topk_length = TensorRef{};
+  s = mla_sparse_decode_fp8(args, with_lengths, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("topk_length: expected a tensor (as given to mla_sparse_decode_plan), got none"),
+            std::string::npos)
+      << s.message();
 }
 
 TEST(MlaSparseDecodeValidation, KernelRequest) {
