@@ -30,6 +30,7 @@
 #include "common/decode_schedule.h"
 #include "dispatch/mla_decode_dispatch.h"
 #include "host/mla_decode_validate.h"
+#include "host/scheduler.h"
 #include "kernels/sm90/launch.h"
 #include "support/gpu_timing.h"
 
@@ -54,21 +55,18 @@ struct PlannedSegment {
 std::vector<PlannedSegment> planned_segments(const detail::PartRange& r, const std::vector<int32_t>& lengths,
                                              const std::vector<int32_t>& split_prefix, int block_n) {
   std::vector<PlannedSegment> out;
-  int block = r.begin_block;
-  for (int seq = r.begin_seq; seq < r.end_seq || (seq == r.end_seq && block < r.end_block); ++seq) {
-    const int blocks = static_cast<int>(detail::key_blocks(lengths[seq], block_n));
-    const int block_end = seq == r.end_seq ? r.end_block : blocks;
-    if (block < block_end) {
-      const int key_end = std::min(block_end * block_n, lengths[seq]);
-      out.push_back({(key_end - block * block_n + 63) / 64, split_prefix[seq + 1] - split_prefix[seq] > 1});
-    }
-    block = 0;
+  for (const detail::ScheduledSegment& s : detail::part_segments(r, detail::dense_lengths(lengths.data()), block_n)) {
+    const int key_end = static_cast<int>(std::min<int64_t>(s.block_end * block_n, lengths[s.seq]));
+    const int key_begin = static_cast<int>(s.block_begin * block_n);
+    out.push_back({(key_end - key_begin + 63) / 64, split_prefix[s.seq + 1] - split_prefix[s.seq] > 1});
   }
   return out;
 }
 
 // Least squares y = a x1 + b x2 + c (3 x 3 normal equations, Cramer's rule).
-void fit3(const std::vector<double>& x1, const std::vector<double>& x2, const std::vector<double>& y, double* a,
+// False (and zeros) when the CTAs' tiles and segments do not determine it, e.g. every CTA
+// with the same counts (whole-sequence plans).
+bool fit3(const std::vector<double>& x1, const std::vector<double>& x2, const std::vector<double>& y, double* a,
           double* b, double* c) {
   double m[3][4] = {};
   for (size_t i = 0; i < y.size(); ++i) {
@@ -96,6 +94,7 @@ void fit3(const std::vector<double>& x1, const std::vector<double>& x2, const st
   *a = out[0];
   *b = out[1];
   *c = out[2];
+  return std::fabs(d) > 1e-9;
 }
 
 template <typename T>
@@ -143,9 +142,6 @@ void trace(support::L2Flusher& flusher, cudaStream_t stream, bench::DeviceBuffer
 // 9: mid-segment in the benchmark cases), merged by clock (one SM, one clock) and relative to
 // the first pair's start: who waits for whom within a pair.
 void print_steady_pairs(const std::vector<uint64_t>& raw, int capacity) {
-  static const char* const kNames[] = {"P  low half free",  "P  high half free", "P  tile converted", "C  Q loaded",
-                                       "C  pair start",     "C  own first slab", "C  own last slab",  "C  S done",
-                                       "C  P hand-off",     "C  pair end",       "C  stored",        "C  P published"};
   RoleTrace role[timeline_tool::kRoles];
   timeline_tool::read_roles(raw, 0, capacity, role);
   const auto starts = role[1].at(TimelineEvent::kConsumerPairStart);
@@ -154,21 +150,19 @@ void print_steady_pairs(const std::vector<uint64_t>& raw, int capacity) {
   struct Row {
     int32_t at;
     int role;
-    uint32_t event;
+    TimelineEvent event;
   };
   std::vector<Row> rows;
   for (int r = 0; r < timeline_tool::kRoles; ++r) {
     for (const auto& rec : role[r].records) {
       const int32_t at = static_cast<int32_t>(rec.clock - t0);
-      if (at >= -2000 && static_cast<int32_t>(rec.clock - t1) < 0) rows.push_back({at, r, static_cast<uint32_t>(rec.event)});
+      if (at >= -2000 && static_cast<int32_t>(rec.clock - t1) < 0) rows.push_back({at, r, rec.event});
     }
   }
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.at < b.at; });
   std::printf("CTA 0, consumer 0's pairs 8-9 (cycles from pair 8's start; P0..P3: producer warps, C0, C1)\n");
   for (const Row& row : rows) {
-    static const char* const kWho[] = {"P0", "C0", "C1", "P1", "P2", "P3"};
-    const int names = static_cast<int>(sizeof(kNames) / sizeof(kNames[0]));
-    std::printf("  %7d  %s  %s\n", row.at, kWho[row.role], static_cast<int>(row.event) < names ? kNames[row.event] : "?");
+    std::printf("  %7d  %s  %s\n", row.at, timeline_tool::role_name(row.role), timeline_tool::event_name(row.event));
   }
 }
 
@@ -256,7 +250,7 @@ void report(const TracedRun& t, int capacity) {
     }
   }
   double a = 0, b = 0, c = 0;
-  fit3(tiles_of, segs_of, dur_of, &a, &b, &c);
+  const bool fitted = fit3(tiles_of, segs_of, dur_of, &a, &b, &c);
   Stat dur, tl, sg;
   for (size_t i = 0; i < dur_of.size(); ++i) {
     dur.add(dur_of[i] * 1e-3);
@@ -268,7 +262,11 @@ void report(const TracedRun& t, int capacity) {
   std::printf("CTA duration us mean %.1f min %.1f max %.1f; tiles mean %.1f max %.0f; segments mean %.2f max %.0f\n",
               dur.mean(), dur.lo, dur.hi, tl.mean(), tl.hi, sg.mean(), sg.hi);
   std::printf("CTA end before the last one: mean %.1f us, max %.1f us\n", end_spread.mean(), end_spread.hi);
-  std::printf("fit: duration = %.0f ns x tiles + %.0f ns x segments + %.0f ns\n", a, b, c);
+  if (fitted) {
+    std::printf("fit: duration = %.0f ns x tiles + %.0f ns x segments + %.0f ns\n", a, b, c);
+  } else {
+    std::printf("fit: none (the CTAs' tile and segment counts do not vary enough)\n");
+  }
   if (truncated) std::printf("(some roles filled their %d records: raise the capacity)\n", capacity);
   std::printf("%-44s %10s %10s %10s %8s\n", "interval (cycles)", "mean", "min", "max", "count");
   for (const auto& [name, s] : st) {

@@ -16,6 +16,31 @@ using TimelineEvent = ::mlakit::detail::sm90::TimelineEvent;
 // Producer warp 0, consumer 0, consumer 1, producer warps 1..3 (src/kernels/sm90/timeline.cuh).
 inline constexpr int kRoles = ::mlakit::detail::sm90::kTimelineRoles;
 
+// An event's name for listings (a switch, so a new event without a name is a -Wswitch warning).
+inline const char* event_name(TimelineEvent e) {
+  switch (e) {
+    case TimelineEvent::kProducerStageLowFree: return "P  low half free";
+    case TimelineEvent::kProducerStageHighFree: return "P  high half free";
+    case TimelineEvent::kProducerTileIssued: return "P  tile issued";
+    case TimelineEvent::kConsumerQLoaded: return "C  Q loaded";
+    case TimelineEvent::kConsumerPairStart: return "C  pair start";
+    case TimelineEvent::kConsumerFirstSlab: return "C  own first slab";
+    case TimelineEvent::kConsumerLastSlab: return "C  own last slab";
+    case TimelineEvent::kConsumerScores: return "C  S done";
+    case TimelineEvent::kConsumerHandoff: return "C  P hand-off";
+    case TimelineEvent::kConsumerPairEnd: return "C  pair end";
+    case TimelineEvent::kConsumerStored: return "C  stored";
+    case TimelineEvent::kConsumerPublished: return "C  P published";
+  }
+  return "?";
+}
+
+// A role's short name: P0..P3 the producer warps, C0 / C1 the consumers.
+inline const char* role_name(int role) {
+  static const char* const kNames[kRoles] = {"P0", "C0", "C1", "P1", "P2", "P3"};
+  return role >= 0 && role < kRoles ? kNames[role] : "?";
+}
+
 struct Record {
   TimelineEvent event;
   uint32_t clock;

@@ -28,4 +28,17 @@ DecodeSchedule schedule_on_host(const SeqLengths& len, int64_t b, const Schedule
   return s;
 }
 
+std::vector<ScheduledSegment> part_segments(const PartRange& r, const SeqLengths& len, int block_n) {
+  std::vector<ScheduledSegment> segments;
+  int64_t block = r.begin_block;
+  int32_t split = r.begin_split;
+  for (int32_t seq = r.begin_seq; seq < r.end_seq || (seq == r.end_seq && block < r.end_block); ++seq) {
+    const int64_t block_end = seq == r.end_seq ? r.end_block : key_blocks(len(seq), block_n);
+    if (block < block_end) segments.push_back({seq, block, block_end, split});
+    block = 0;
+    split = 0;
+  }
+  return segments;
+}
+
 }  // namespace mlakit::detail

@@ -18,6 +18,18 @@ struct DecodeSchedule {
 };
 
 DecodeSchedule schedule_on_host(const SeqLengths& lengths, int64_t b, const ScheduleConfig& config);
+
+// One segment of a part: key blocks [block_begin, block_end) of sequence seq, whose split index
+// is `split`.
+struct ScheduledSegment {
+  int32_t seq;
+  int64_t block_begin, block_end;
+  int32_t split;
+};
+
+// The segments of part range r in the order the kernels walk them (SegmentCursor,
+// src/kernels/decode_rows.cuh): for the tests and the timeline tool.
+std::vector<ScheduledSegment> part_segments(const PartRange& r, const SeqLengths& lengths, int block_n);
 // Dense decode: sequence i has length seqlens[i].
 DecodeSchedule schedule_on_host(const int32_t* seqlens, int64_t b, const ScheduleConfig& config);
 

@@ -23,19 +23,12 @@ struct Segment {
   int32_t split;  // the split index the kernel uses for it
 };
 
-// The loop at the bottom of kernels/portable/mla_decode_portable_kernel.cuh, on the host.
+// The kernels' walk over part p (part_segments), tagged with the part.
 std::vector<Segment> walk_part(int32_t p, const PartRange& r, const std::vector<int32_t>& lens,
                                int block_n) {
   std::vector<Segment> segments;
-  int64_t block = r.begin_block;
-  int32_t split = r.begin_split;
-  for (int32_t seq = r.begin_seq;
-       seq < r.end_seq || (seq == r.end_seq && block < r.end_block); ++seq) {
-    const int64_t blocks = key_blocks(lens[seq], block_n);
-    const int64_t block_end = seq == r.end_seq ? r.end_block : blocks;
-    if (block < block_end) segments.push_back({p, seq, block, block_end, split});
-    block = 0;
-    split = 0;
+  for (const ScheduledSegment& s : part_segments(r, dense_lengths(lens.data()), block_n)) {
+    segments.push_back({p, s.seq, s.block_begin, s.block_end, s.split});
   }
   return segments;
 }

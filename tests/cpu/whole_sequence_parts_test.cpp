@@ -34,7 +34,7 @@ struct ScheduleStats {
 // topk_length: every scheduled sequence has topk keys.
 SeqLengths uniform_lengths(int32_t topk) { return SeqLengths{nullptr, topk, 1, topk}; }
 
-// Walks every part's range as the kernels do (SegmentCursor in src/kernels/decode_rows.cuh).
+// Every part's segments as the kernels walk them (part_segments).
 ScheduleStats schedule_stats(int64_t sequences, int32_t length, const ScheduleConfig& c) {
   const SeqLengths len = uniform_lengths(length);
   const DecodeSchedule s = schedule_on_host(len, sequences, c);
@@ -45,17 +45,11 @@ ScheduleStats schedule_stats(int64_t sequences, int32_t length, const ScheduleCo
     st.max_splits = std::max(st.max_splits, splits);
   }
   st.partial_slots = s.partial_prefix[sequences];
-  const int64_t blocks_per_seq = key_blocks(length, c.block_n);
   for (const PartRange& r : s.parts) {
     int64_t blocks = 0, segments = 0;
-    int64_t block = r.begin_block;
-    for (int64_t seq = r.begin_seq; seq < r.end_seq || (seq == r.end_seq && block < r.end_block); ++seq) {
-      const int64_t end = seq == r.end_seq ? r.end_block : blocks_per_seq;
-      if (block < end) {
-        blocks += end - block;
-        ++segments;
-      }
-      block = 0;
+    for (const ScheduledSegment& seg : part_segments(r, len, c.block_n)) {
+      blocks += seg.block_end - seg.block_begin;
+      ++segments;
     }
     st.max_blocks = std::max(st.max_blocks, blocks);
     st.max_segments = std::max(st.max_segments, segments);
