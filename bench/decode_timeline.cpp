@@ -36,7 +36,8 @@
 
 extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap* kv_map, int box_rows,
                                            const CUtensorMap* q_map, const void* timeline, cudaStream_t stream);
-extern "C" cudaError_t traced_sparse_decode(const void* params, const void* timeline, cudaStream_t stream);
+extern "C" cudaError_t traced_sparse_decode(const void* params, const CUtensorMap* q_map, const void* timeline,
+                                            cudaStream_t stream);
 
 namespace {
 
@@ -344,7 +345,11 @@ int main(int argc, char** argv) {
     t.ctas = t.row_tiles * params.num_parts;
     bench::DeviceBuffer records, spans;
     const detail::sm90::TimelineBuffer buffer = buffers(t.ctas, &records, &spans);
-    trace(flusher, stream, records, [&] { return traced_sparse_decode(&params, &buffer, stream); }, &t.ms);
+    CUtensorMap q_map;  // as the library's dispatch
+    std::string why;
+    const CUtensorMap* q_by_tma =
+        detail::make_q_tensor_map(d.args.q, params.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
+    trace(flusher, stream, records, [&] { return traced_sparse_decode(&params, q_by_tma, &buffer, stream); }, &t.ms);
     t.raw = records.download<uint64_t>();
     t.span = spans.download<uint64_t>();
     t.parts = download<detail::PartRange>(workspace.get(), plan.part_ranges_offset, plan.num_parts);

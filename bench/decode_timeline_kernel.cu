@@ -46,12 +46,15 @@ extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap
 }
 
 // The same for the sparse FP8 decode (params of make_sparse_decode_params; h_kv 1).
-extern "C" cudaError_t traced_sparse_decode(const void* params, const void* timeline, cudaStream_t stream) {
+extern "C" cudaError_t traced_sparse_decode(const void* params, const CUtensorMap* q_map, const void* timeline,
+                                            cudaStream_t stream) {
   const auto& p = *static_cast<const d::MlaDecodeParams*>(params);
   auto kernel = &d::sm90::mla_sparse_decode_sm90_kernel;
   dim3 grid;
   const cudaError_t err = prepare(kernel, p, timeline, stream, &grid);
   if (err != cudaSuccess) return err;
-  kernel<<<grid, C::kThreads, d::sm90::kSm90SmemBytes, stream>>>(p);
+  CUtensorMap unused{};
+  kernel<<<grid, C::kThreads, d::sm90::kSm90SmemBytes, stream>>>(p, q_map != nullptr ? *q_map : unused,
+                                                                   q_map != nullptr);
   return cudaGetLastError();
 }

@@ -21,6 +21,7 @@
 
 #include "dispatch/mla_sparse_prefill_params.h"
 #include "bench/timeline_trace.h"
+#include "kernels/sm90/launch.h"
 #include "kernels/sm90/mla_sparse_prefill_sm90_kernel.cuh"
 
 #ifndef MLAKIT_SM90_TIMELINE
@@ -109,6 +110,9 @@ int main(int argc, char** argv) {
   buffer.records = device_alloc<uint64_t>(int64_t{traced} * timeline_tool::kRoles * kCapacity);
   CHECK_CUDA(cudaMemcpyToSymbol(mlakit::detail::sm90::g_timeline, &buffer, sizeof(buffer)));
 
+  CUtensorMap q_map;  // as the library's dispatch: the Q tile by TMA where the map exists
+  std::string why;
+  const bool q_by_tma = mlakit::detail::make_sparse_prefill_q_tensor_map(args.q, &q_map, &why);
   auto kernel = &mlakit::detail::sm90::mla_sparse_prefill_sm90_kernel<__nv_bfloat16>;
   CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   mlakit::detail::sm90::kSm90SmemBytes));
@@ -119,7 +123,7 @@ int main(int argc, char** argv) {
   for (int run = 0; run < 3; ++run) {  // the last run's records stay
     CHECK_CUDA(cudaMemset(buffer.records, 0, int64_t{traced} * timeline_tool::kRoles * kCapacity * sizeof(uint64_t)));
     CHECK_CUDA(cudaEventRecord(start));
-    kernel<<<grid, C::kThreads, mlakit::detail::sm90::kSm90SmemBytes>>>(params);
+    kernel<<<grid, C::kThreads, mlakit::detail::sm90::kSm90SmemBytes>>>(params, q_map, q_by_tma);
     CHECK_CUDA(cudaEventRecord(stop));
     CHECK_CUDA(cudaEventSynchronize(stop));
     CHECK_CUDA(cudaGetLastError());

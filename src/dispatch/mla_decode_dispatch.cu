@@ -159,9 +159,13 @@ Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodeP
                                   float softmax_scale, cudaStream_t stream) {
   const MlaDecodeParams params = make_sparse_decode_params(a, plan, lengths, softmax_scale);
   // The plan's kernel: its layout (rows per tile, parts) was made for that kernel.
-  return cuda_status("mla_sparse_decode_fp8", plan.kernel == MlaDecodeKernel::kSm90
-                                                  ? launch_mla_sparse_decode_sm90(params, stream)
-                                                  : launch_mla_decode_portable<__nv_bfloat16>(params, stream));
+  if (plan.kernel == MlaDecodeKernel::kSm90) {
+    CUtensorMap q_map;
+    std::string why;  // no map (unaligned q): the consumers copy Q by cp.async
+    const CUtensorMap* q_by_tma = make_q_tensor_map(a.q, params.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
+    return cuda_status("mla_sparse_decode_fp8", launch_mla_sparse_decode_sm90(params, q_by_tma, stream));
+  }
+  return cuda_status("mla_sparse_decode_fp8", launch_mla_decode_portable<__nv_bfloat16>(params, stream));
 }
 
 Status dispatch_mla_decode_combine(const MlaDecodeArgs& a, const MlaDecodePlan& plan, cudaStream_t stream) {

@@ -227,13 +227,16 @@ class Sm90Consumer {
     q_issued_ = true;
     if (q_map_ != nullptr) {
       // One thread, 9 boxes of 64 rows (tokens x heads of the packed rows; rows past s_q are
-      // zero-filled by the map) completing on q_full.
+      // zero-filled by the map) completing on q_full. Map coordinates (column, head, token,
+      // batch): scheduled sequence seq is token seq % seq_divisor of batch entry seq /
+      // seq_divisor (the sparse decode schedules one sequence per query token).
       if (t_ == 0) {
         const RowCoord rc = row_coord(p_, hk_, tile_ * C::kRows);
+        const int token = seq % p_.seq_divisor + rc.t, batch = seq / p_.seq_divisor;
         dev::mbarrier_expect_tx(&sm_.q_full, C::kSlabs * C::kSlabBytes);
 #pragma unroll 1
         for (int slab = 0; slab < C::kSlabs; ++slab) {
-          dev::tma_load_4d(&sm_.q[slab][0], q_map_, &sm_.q_full, slab * C::kSlabCols, rc.head, rc.t, seq);
+          dev::tma_load_4d(&sm_.q[slab][0], q_map_, &sm_.q_full, slab * C::kSlabCols, rc.head, token, batch);
         }
         dev::mbarrier_arrive(&sm_.q_full);
       }

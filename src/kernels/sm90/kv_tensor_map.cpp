@@ -90,4 +90,18 @@ bool make_q_tensor_map(const TensorRef& q, int heads_per_kv, CUtensorMap* map, s
   return encode_4d_map(q, box, "q", map, why);
 }
 
+bool make_sparse_prefill_q_tensor_map(const TensorRef& q, CUtensorMap* map, std::string* why) {
+  TensorRef view = q;  // [s_q, h_q, d_qk] -> [s_q, 1, h_q, d_qk]
+  view.rank = 4;
+  view.shape[0] = q.shape[0];
+  view.shape[1] = 1;
+  view.shape[2] = q.shape[1];
+  view.shape[3] = q.shape[2];
+  view.stride[0] = q.stride[0];
+  view.stride[1] = q.stride[0];  // size 1: never stepped
+  view.stride[2] = q.stride[1];
+  view.stride[3] = q.stride[2];
+  return make_q_tensor_map(view, static_cast<int>(q.shape[1]), map, why);
+}
+
 }  // namespace mlakit::detail

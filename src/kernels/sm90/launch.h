@@ -27,18 +27,27 @@ bool make_kv_tensor_map(const TensorRef& kv_cache, int box_rows, CUtensorMap* ma
 // 64 (a tile's rows are then no box) or the driver rejects the map (strides, alignment).
 bool make_q_tensor_map(const TensorRef& q, int heads_per_kv, CUtensorMap* map, std::string* why);
 
+// The sparse prefill's q [s_q, h_q, d_qk] as make_q_tensor_map's 4D map {d_qk, h_q, 1, s_q}
+// (token s_q of the map = batch entry of the kernel's scheduled sequences; columns past a
+// d_qk of 512 are zero-filled).
+bool make_sparse_prefill_q_tensor_map(const TensorRef& q, CUtensorMap* map, std::string* why);
+
 // Attention (grid: 64-row tiles x h_kv x num_parts) then the portable combine. q_map: the Q
 // tile by TMA; nullptr: by cp.async.
 template <typename Elem>
 cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
                                    const CUtensorMap* q_map, cudaStream_t stream);
 
-// Sparse prefill (no plan): grid s_q * 64-row tiles, KV rows gathered by index. bf16.
+// Sparse prefill (no plan): grid s_q * 64-row tiles, KV rows gathered by index. bf16. q_map
+// (make_sparse_prefill_q_tensor_map): the Q tile by TMA; nullptr: by cp.async.
 template <typename Elem>
-cudaError_t launch_mla_sparse_prefill_sm90(const MlaDecodeParams& params, cudaStream_t stream);
+cudaError_t launch_mla_sparse_prefill_sm90(const MlaDecodeParams& params, const CUtensorMap* q_map,
+                                           cudaStream_t stream);
 
 // Sparse FP8 decode (grid: 64-row tiles x 1 x num_parts of the sparse plan): the 656-byte
 // tokens listed by params.indices, dequantized into bf16 tiles; then the portable combine.
-cudaError_t launch_mla_sparse_decode_sm90(const MlaDecodeParams& params, cudaStream_t stream);
+// q_map (make_q_tensor_map with h_q heads per kv head): the Q tiles by TMA; nullptr: cp.async.
+cudaError_t launch_mla_sparse_decode_sm90(const MlaDecodeParams& params, const CUtensorMap* q_map,
+                                          cudaStream_t stream);
 
 }  // namespace mlakit::detail

@@ -7,14 +7,17 @@
 
 namespace mlakit::detail {
 
-cudaError_t launch_mla_sparse_decode_sm90(const MlaDecodeParams& params, cudaStream_t stream) {
+cudaError_t launch_mla_sparse_decode_sm90(const MlaDecodeParams& params, const CUtensorMap* q_map,
+                                          cudaStream_t stream) {
   using C = sm90::Sm90DecodeConfig;
   auto kernel = &sm90::mla_sparse_decode_sm90_kernel;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSm90SmemBytes);
   if (err != cudaSuccess) return err;
   const int row_tiles = (params.rows + C::kRows - 1) / C::kRows;
   dim3 grid(row_tiles, 1, params.num_parts);
-  kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params);
+  CUtensorMap unused{};
+  kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, q_map != nullptr ? *q_map : unused,
+                                                               q_map != nullptr);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return launch_mla_decode_combine<__nv_bfloat16>(params, stream);

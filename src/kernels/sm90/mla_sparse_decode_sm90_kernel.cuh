@@ -2,8 +2,10 @@
 // consumers over tiles that the FP8 gathering producer (fp8_gather_producer.cuh) dequantizes
 // from each (batch entry, query token)'s index list. Grid (row tiles, 1, num_parts) of the
 // sparse plan, 384 threads, one CTA per SM; partial results go to the dense decode's combine.
+// q_map (q_by_tma): the dense decode's map over q, each segment's Q tile by TMA; else cp.async.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -15,7 +17,8 @@
 namespace mlakit::detail::sm90 {
 
 __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
-    mla_sparse_decode_sm90_kernel(const __grid_constant__ MlaDecodeParams p) {
+    mla_sparse_decode_sm90_kernel(const __grid_constant__ MlaDecodeParams p, const __grid_constant__ CUtensorMap q_map,
+                                  const bool q_by_tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
@@ -32,7 +35,8 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     });
   } else {
     dev::setmaxnreg_inc<C::kFp8ConsumerRegs>();
-    Sm90Consumer<__nv_bfloat16, /*kGathered=*/true, /*kPvA1First=*/true> consumer(p, sm, blockIdx.x, 0);
+    Sm90Consumer<__nv_bfloat16, /*kGathered=*/true, /*kPvA1First=*/true> consumer(p, sm, blockIdx.x, 0,
+                                                                                    q_by_tma ? &q_map : nullptr);
     consumer.run_part(range);
     if (threadIdx.x == 128) MLAKIT_SM90_CTA_SPAN(true);
   }

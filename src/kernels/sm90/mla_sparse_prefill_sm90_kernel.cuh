@@ -3,8 +3,11 @@
 // x is row tile x % row_tiles of token x / row_tiles (the row tiles of a token are adjacent,
 // so the second one finds the gathered rows in L2); 384 threads, one CTA per SM. No plan, no
 // split: every token's keys run in one CTA, outputs written directly (out, max_logits, lse).
+// q_map (q_by_tma): q as a 4D map {d_qk, h_q, 1, s_q} (sparse_prefill_q_map), the Q tile by
+// TMA; else by cp.async.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "device/sm90/sync.cuh"
@@ -16,7 +19,8 @@ namespace mlakit::detail::sm90 {
 
 template <typename Elem>
 __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
-    mla_sparse_prefill_sm90_kernel(const __grid_constant__ MlaDecodeParams p) {
+    mla_sparse_prefill_sm90_kernel(const __grid_constant__ MlaDecodeParams p, const __grid_constant__ CUtensorMap q_map,
+                                   const bool q_by_tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
@@ -40,7 +44,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     }
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Sm90Consumer<Elem, /*kGathered=*/true> consumer(p, sm, tile, 0);
+    Sm90Consumer<Elem, /*kGathered=*/true> consumer(p, sm, tile, 0, q_by_tma ? &q_map : nullptr);
     consumer.run_segment(seq, L, 0, L, 0);
   }
 #endif
