@@ -42,6 +42,11 @@ struct Sm90DecodeConfig {
   static constexpr int kLowSlabs = 0;   // V slabs 0..3: consumer 0's P·V columns
   static constexpr int kHighSlabs = 1;  // V slabs 4..7 and slab 8 (RoPE, then P)
   static constexpr int kFirstHighSlab = 4;
+  // A gathered tile is complete once the barriers of its last V slab and of its RoPE slab have
+  // passed: each producer warp arrives on a tile's V slabs in order (a release of its earlier
+  // stores) and a thread's cp.async arrival fires once all its earlier copies have landed, so
+  // slab 7's completion implies slabs 0..6 (gather_producer.cuh, fp8_gather_producer.cuh).
+  static constexpr int kGatheredTileFirstWait = kNopeSlabs - 1;
   static_assert(kRows == 64, "one wgmma M per CTA");
   static_assert(kSlabs * kSlabCols == kDqk && kNopeSlabs == 8, "V = slabs 0..7, RoPE = slab 8");
   static_assert(kRows * kKeys * 2 == kSlabBytes, "a P tile fits the RoPE slab it replaces");

@@ -270,7 +270,7 @@ class Sm90Consumer {
   __device__ void prepare_tile(int stage, int tile_start, int key_end) {
     const int valid_rows = min(C::kKeys, key_end - tile_start);
     if (valid_rows == C::kKeys) return;
-    for (int slab = 0; slab < C::kSlabs; ++slab) dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
+    await_slabs(stage, kGathered ? C::kGatheredTileFirstWait : 0, C::kSlabs);  // the whole tile
     const int tid = t_ % 128;
     const int chunks = (C::kKeys - valid_rows) * C::kNopeSlabs * 8;
     for (int c = tid; c < chunks; c += 128) {
@@ -304,7 +304,7 @@ class Sm90Consumer {
     const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[0][0]), 16, 1024));
     const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage][0][0]), 16, 1024));
     if constexpr (kGathered) {
-      await_slabs(stage, 0, C::kSlabs);
+      await_slabs(stage, C::kGatheredTileFirstWait, C::kSlabs);  // slab 7's barrier implies 0..6
       dev::fence_proxy_async_smem();
       dev::wgmma_fence();
       issue_score_slabs(s, q_desc, k_desc, 0, C::kSlabs);
@@ -326,7 +326,7 @@ class Sm90Consumer {
 #pragma unroll
     for (int slab = first; slab < end; ++slab) {
       dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
-      if (slab == 0) MLAKIT_SM90_STAMP(kConsumerFirstSlab);
+      if (slab == first) MLAKIT_SM90_STAMP(kConsumerFirstSlab);
       if (slab == C::kSlabs - 1) MLAKIT_SM90_STAMP(kConsumerLastSlab);
     }
   }
