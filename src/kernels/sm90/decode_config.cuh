@@ -47,6 +47,24 @@ struct Sm90DecodeConfig {
   // stores) and a thread's cp.async arrival fires once all its earlier copies have landed, so
   // slab 7's completion implies slabs 0..6 (gather_producer.cuh, fp8_gather_producer.cuh).
   static constexpr int kGatheredTileFirstWait = kNopeSlabs - 1;
+  // TMA tiles: S streams behind the tile's load in groups of slabs, each group's boxes
+  // completing on the barrier of its last slab (one wait per group: a wait costs the consumer
+  // ~100 cycles even on a complete barrier). Groups stay within the stage halves. H100, same
+  // call, two rounds (b=128 h_q=128 s_q 1 4k / 32k, s_q 2 4k, page 16 4k, us): groups of 1
+  // 305.0 / 1936.0 / 503.8 / 347.8 and 301.5 / 1939.1 / 505.6 / 347.3; of 2: 302.1 / 1951.9 /
+  // 498.1 / 347.7 and 301.2 / 1932.5 / 497.9 / 348.5; of 3 the same as 2; one per half (5):
+  // 305.0 / 1984.5 / 505.2 / 355.9 (S then waits for slabs it could already multiply).
+  static constexpr int kSlabGroupSize = 2;
+  __host__ __device__ static constexpr int group_last_slab(int slab) {
+    return slab < kFirstHighSlab ? min_int(kFirstHighSlab, (slab / kSlabGroupSize + 1) * kSlabGroupSize) - 1
+                                 : min_int(kSlabs, kFirstHighSlab + ((slab - kFirstHighSlab) / kSlabGroupSize + 1) *
+                                                                        kSlabGroupSize) - 1;
+  }
+  __host__ __device__ static constexpr int group_first_slab(int last) {
+    return last < kFirstHighSlab ? (last / kSlabGroupSize) * kSlabGroupSize
+                                 : kFirstHighSlab + ((last - kFirstHighSlab) / kSlabGroupSize) * kSlabGroupSize;
+  }
+  __host__ __device__ static constexpr int min_int(int a, int b) { return a < b ? a : b; }
   static_assert(kRows == 64, "one wgmma M per CTA");
   static_assert(kSlabs * kSlabCols == kDqk && kNopeSlabs == 8, "V = slabs 0..7, RoPE = slab 8");
   static_assert(kRows * kKeys * 2 == kSlabBytes, "a P tile fits the RoPE slab it replaces");

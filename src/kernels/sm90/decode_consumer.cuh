@@ -270,7 +270,7 @@ class Sm90Consumer {
   __device__ void prepare_tile(int stage, int tile_start, int key_end) {
     const int valid_rows = min(C::kKeys, key_end - tile_start);
     if (valid_rows == C::kKeys) return;
-    await_slabs(stage, kGathered ? C::kGatheredTileFirstWait : 0, C::kSlabs);  // the whole tile
+    await_tile(stage);
     const int tid = t_ % 128;
     const int chunks = (C::kKeys - valid_rows) * C::kNopeSlabs * 8;
     for (int c = tid; c < chunks; c += 128) {
@@ -289,7 +289,7 @@ class Sm90Consumer {
 
   // Issues S = Q K^T of a stage's tile (64 x 64 over d_qk, K-major A and B, 128B swizzle,
   // SBO 1024) as one committed group. Returns the tile's bad flag.
-  //   TMA tiles: each slab's 4 k-steps as soon as that slab has landed (S overlaps the
+  //   TMA tiles: each slab group's k-steps as soon as that group has landed (S overlaps the
   //   tile's own load).
   //   Gathered tiles (st.shared, cp.async: the generic proxy) need a proxy fence between the
   //   wait and the wgmma reads: the whole tile is waited for, then one fence. With a fence per
@@ -304,7 +304,7 @@ class Sm90Consumer {
     const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[0][0]), 16, 1024));
     const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage][0][0]), 16, 1024));
     if constexpr (kGathered) {
-      await_slabs(stage, C::kGatheredTileFirstWait, C::kSlabs);  // slab 7's barrier implies 0..6
+      await_tile(stage);
       dev::fence_proxy_async_smem();
       dev::wgmma_fence();
       issue_score_slabs(s, q_desc, k_desc, 0, C::kSlabs);
@@ -312,8 +312,9 @@ class Sm90Consumer {
       dev::wgmma_fence();
 #pragma unroll
       for (int slab = 0; slab < C::kSlabs; ++slab) {
-        await_slabs(stage, slab, slab + 1);
-        issue_score_slabs(s, q_desc, k_desc, slab, slab + 1);
+        if (C::group_last_slab(slab) != slab) continue;
+        await_slabs(stage, slab, slab + 1);  // the group ending at this slab has landed
+        issue_score_slabs(s, q_desc, k_desc, C::group_first_slab(slab), slab + 1);
       }
     }
     dev::wgmma_commit();
@@ -321,12 +322,25 @@ class Sm90Consumer {
     return sm_.stage_bad[stage] != 0;
   }
 
+  // Waits for the whole tile of a stage: its last two barriers (gathered tiles), or the
+  // barrier of each slab group (TMA tiles).
+  __device__ void await_tile(int stage) {
+    if constexpr (kGathered) {
+      await_slabs(stage, C::kGatheredTileFirstWait, C::kSlabs);
+    } else {
+#pragma unroll
+      for (int slab = 0; slab < C::kSlabs; ++slab) {
+        if (C::group_last_slab(slab) == slab) await_slabs(stage, slab, slab + 1);
+      }
+    }
+  }
+
   // Waits for slabs [first, end) of a stage's tile (this lap's parity).
   __device__ void await_slabs(int stage, int first, int end) {
 #pragma unroll
     for (int slab = first; slab < end; ++slab) {
       dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
-      if (slab == first) MLAKIT_SM90_STAMP(kConsumerFirstSlab);
+      if (slab == (kGathered ? C::kGatheredTileFirstWait : C::group_last_slab(0))) MLAKIT_SM90_STAMP(kConsumerFirstSlab);
       if (slab == C::kSlabs - 1) MLAKIT_SM90_STAMP(kConsumerLastSlab);
     }
   }

@@ -37,17 +37,19 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
         valid = !bad;
       }
       const bool any_bad = __any_sync(0xffffffffu, bad);
-      // Each lane issues its own box (16-row pages: 4 lanes at once), slab-major, each slab
-      // on its own barrier: the consumer starts S on slab 0 while the later slabs are still in
+      // Each lane issues its own box (16-row pages: 4 lanes at once), slab-major, each group of
+      // slabs on the barrier of its last slab (Sm90DecodeConfig::group_last_slab): the
+      // consumer starts S on the first group while the later slabs are still in
       // flight. Slabs 0..3 go as soon as their half of the stage is free, 4..8 after the other.
       const uint32_t parity = ((phases >> stage) & 1u) ^ 1u;
       const int row_in_page = valid ? key0 % p.page_size : 0;
       auto load_slabs = [&](int first, int end) {
         if (valid) {
           for (int s = first; s < end; ++s) {
-            dev::mbarrier_expect_tx(&sm.full[stage][s], box_bytes);
-            dev::tma_load_4d(&sm.kv[stage][s][lane * box_rows * 128], &kv_map, &sm.full[stage][s], s * C::kSlabCols,
-                             hk, row_in_page, block);
+            uint64_t* bar = &sm.full[stage][C::group_last_slab(s)];
+            dev::mbarrier_expect_tx(bar, box_bytes);
+            dev::tma_load_4d(&sm.kv[stage][s][lane * box_rows * 128], &kv_map, bar, s * C::kSlabCols, hk, row_in_page,
+                             block);
           }
         }
         __syncwarp();  // every expect_tx before the arrive that can complete the phase
@@ -56,7 +58,9 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
       MLAKIT_SM90_STAMP(kProducerStageLowFree);
       load_slabs(0, C::kFirstHighSlab);
       if (lane == 0) {
-        for (int s = 0; s < C::kFirstHighSlab; ++s) dev::mbarrier_arrive(&sm.full[stage][s]);
+        for (int s = 0; s < C::kFirstHighSlab; ++s) {
+          if (C::group_last_slab(s) == s) dev::mbarrier_arrive(&sm.full[stage][s]);
+        }
       }
       dev::mbarrier_wait(&sm.empty[stage][C::kHighSlabs], parity);
       MLAKIT_SM90_STAMP(kProducerStageHighFree);
@@ -64,7 +68,9 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
       if (lane == 0) {
         // The consumers read the flag after their wait on slab 8 (release by this arrive).
         sm.stage_bad[stage] = any_bad ? 1 : 0;
-        for (int s = C::kFirstHighSlab; s < C::kSlabs; ++s) dev::mbarrier_arrive(&sm.full[stage][s]);
+        for (int s = C::kFirstHighSlab; s < C::kSlabs; ++s) {
+          if (C::group_last_slab(s) == s) dev::mbarrier_arrive(&sm.full[stage][s]);
+        }
       }
       MLAKIT_SM90_STAMP(kProducerTileIssued);
       phases ^= 1u << stage;

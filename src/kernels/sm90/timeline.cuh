@@ -22,7 +22,7 @@ enum class TimelineEvent : uint32_t {
   kProducerTileIssued,     // every copy of the tile issued (before the warp's mask arrival)
   kConsumerQLoaded,        // segment start: Q in shared memory
   kConsumerPairStart,
-  kConsumerFirstSlab,      // full[stage][0] of the consumer's own tile passed
+  kConsumerFirstSlab,      // the first barrier of the consumer's own tile passed (slab group 0; gathered: slab 7)
   kConsumerLastSlab,       // full[stage][8] passed: S fully issued
   kConsumerScores,         // S done (wgmma wait)
   kConsumerHandoff,        // the other consumer's P received (bar.sync passed)
