@@ -94,7 +94,7 @@ struct Sm90DecodeSmem {
   int64_t q_row_offset[C::kRows];
   uint64_t q_full;  // the Q tile by TMA (dense decode): one arrival plus the 9 boxes' bytes
   int stage_bad[C::kStages];
-  uint16_t key_valid[C::kStages][4];  // gathered tiles: valid-slot mask, 16 keys per producer warp
+  alignas(8) uint16_t key_valid[C::kStages][4];  // gathered tiles: valid-slot mask, 16 keys per producer warp
 };
 inline constexpr int kSm90SmemBytes = sizeof(Sm90DecodeSmem) + 1024;  // + alignment slack
 static_assert(kSm90SmemBytes <= 232448, "fits the 227 KB opt-in shared memory of sm90");

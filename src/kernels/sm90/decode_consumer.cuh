@@ -398,7 +398,10 @@ class Sm90Consumer {
     for (int i = 0; i < 32; ++i) {
       const int col = 8 * (i >> 2) + 2 * (lane_ % 4) + (i & 1);
       const int h = (i >> 1) & 1;
-      const bool visible = tile_start + col < lim_[h] && ((listed >> (2 * (i >> 2) + (i & 1))) & 1u);
+      // Gathered tiles: the producer's mask also excludes the keys past the segment (no
+      // causal limit applies), so the key-position test is the dense decode's alone.
+      const bool visible =
+          kGathered ? ((listed >> (2 * (i >> 2) + (i & 1))) & 1u) != 0 : tile_start + col < lim_[h];
       s[i] = visible ? s[i] * p_.scale_log2 : -INFINITY;
       mx[h] = fmaxf(mx[h], s[i]);
     }
@@ -409,11 +412,12 @@ class Sm90Consumer {
       m_new[h] = fmaxf(m_[h], mx[h]);
     }
     sum[0] = sum[1] = 0.f;
+    // A row with no visible key so far keeps max -inf and every logit -inf: P = 2^-inf = 0.
+    const float base[2] = {m_new[0] == -INFINITY ? 0.f : m_new[0], m_new[1] == -INFINITY ? 0.f : m_new[1]};
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int h = (i >> 1) & 1;
-      // A row with no visible key so far keeps max -inf: P = 0.
-      s[i] = m_new[h] == -INFINITY ? 0.f : device::fast_exp2(s[i] - m_new[h]);
+      s[i] = device::fast_exp2(s[i] - base[h]);
       sum[h] += s[i];
     }
   }
@@ -421,12 +425,11 @@ class Sm90Consumer {
   // The valid-slot bits of the gathered tile in `stage` for this thread's 16 score columns
   // 8j + 2 (lane % 4) + {0, 1}, j = 0..7, as bits 2j, 2j + 1.
   __device__ uint32_t gathered_mask(int stage) const {
+    // The four warps' 16-bit words in one load: key 8 j + c is bit 8 j + c.
+    const uint64_t words = *reinterpret_cast<const uint64_t*>(sm_.key_valid[stage]) >> (2 * (lane_ % 4));
     uint32_t bits = 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t word = sm_.key_valid[stage][j / 2];  // keys 16 (j / 2) ..
-      bits |= ((word >> (8 * (j % 2) + 2 * (lane_ % 4))) & 3u) << (2 * j);
-    }
+    for (int j = 0; j < 8; ++j) bits |= static_cast<uint32_t>((words >> (8 * j)) & 3u) << (2 * j);
     return bits;
   }
 
