@@ -1,7 +1,7 @@
 // GPU unit tests of the Hopper primitive layer (src/device/sm90) against plain CPU loops:
 // wgmma SS and RS forms with 128B-swizzled descriptors (K-major and N-major B), TMA loads of a paged
 // cache through the kernels' tensor map with mbarrier completion, named barriers and
-// setmaxnreg. Each kernel is compiled for sm_90a only; the tests skip on other GPUs.
+// setmaxnreg, stmatrix. Each kernel is compiled for sm_90a only; the tests skip on other GPUs.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "device/sm90/matrix_store.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "gpu_test_util.h"
@@ -248,6 +249,48 @@ TEST(Sm90Primitives, NamedBarrierSyncsTwoWarpgroupsAfterSetmaxnreg) {
   MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
   const auto out = dout.download<int>();
   for (int t = 0; t < 256; ++t) ASSERT_EQ(out[t], 1000 + (t + 128) % 256) << "thread " << t;
+}
+
+// ---- stmatrix: four 8 x 8 tiles from the accumulator fragment layout ----
+
+// Value of element (row r, column c) of tile m: distinct for every element.
+__host__ __device__ inline uint16_t stmatrix_value(int m, int r, int c) { return static_cast<uint16_t>(1000 * m + 8 * r + c); }
+
+// One warp stores tiles 0..3 into a [4][8][8] row-major buffer, rows given in reverse order
+// (lane t addresses row 7 - t % 8 of tile t / 8 at that row's place) so the per-lane addresses
+// are really used; the buffer is then copied out.
+__global__ void stmatrix_kernel(uint16_t* out) {
+#if SM90_KERNEL_BODY
+  __shared__ __align__(16) uint16_t tiles[4][8][8];
+  const int t = threadIdx.x;
+  uint32_t reg[4];
+  for (int m = 0; m < 4; ++m) {
+    const int r = t / 4, c = 2 * (t % 4);
+    reg[m] = stmatrix_value(m, r, c) | (uint32_t{stmatrix_value(m, r, c + 1)} << 16);
+  }
+  // Lane t gives the address of the row it names; rows are stored mirrored: row r of tile m at
+  // tiles[m][7 - r].
+  const int m = t / 8, r = t % 8;
+  dev::stmatrix_x4(dev::smem_u32(&tiles[m][7 - r][0]), reg[0], reg[1], reg[2], reg[3]);
+  __syncwarp();
+  for (int i = t; i < 4 * 8 * 8; i += 32) out[i] = (&tiles[0][0][0])[i];
+#endif
+}
+
+TEST(Sm90Primitives, StmatrixX4StoresAccumulatorFragmentsAtLaneAddresses) {
+  SKIP_WITHOUT_HOPPER();
+  DeviceBuffer dout(4 * 8 * 8 * 2);
+  dout.fill16(0xffff);
+  stmatrix_kernel<<<1, 32>>>(static_cast<uint16_t*>(dout.get()));
+  MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto out = dout.download<uint16_t>();
+  for (int m = 0; m < 4; ++m) {
+    for (int r = 0; r < 8; ++r) {
+      for (int c = 0; c < 8; ++c) {
+        ASSERT_EQ(out[(m * 8 + 7 - r) * 8 + c], stmatrix_value(m, r, c)) << "tile " << m << " row " << r << " col " << c;
+      }
+    }
+  }
 }
 
 }  // namespace

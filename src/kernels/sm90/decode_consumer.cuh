@@ -31,6 +31,7 @@
 
 #include "device/cp_async.cuh"
 #include "device/numeric.cuh"
+#include "device/sm90/matrix_store.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "kernels/decode_rows.cuh"
@@ -436,12 +437,18 @@ class Sm90Consumer {
   // Writes P (q's dtype, 128B-swizzled [64 rows][64 keys]) over the RoPE slab of this
   // consumer's stage (its S is done) and the row max, then signals the other consumer.
   __device__ void publish(const float (&s)[32], const float (&m_new)[2], uint32_t barrier) {
-    uint8_t* tile = sm_.kv[w_][C::kNopeSlabs];
+    // The 8 x 8 blocks of this warp's 16 rows by stmatrix, four at a time: block (h, j) (rows
+    // 16 warp + 8 h .., columns 8 j ..) is registers s[4 j + 2 h], s[4 j + 2 h + 1] of each
+    // thread; lane l addresses row l % 8 of block (l / 8 % 2, 2 k + l / 16) of call k, at its
+    // swizzled 16-byte chunk j ^ (row % 8).
+    const uint32_t tile = dev::smem_u32(sm_.kv[w_][C::kNopeSlabs]);
+    const int block = lane_ / 8, row = 16 * ((t_ % 128) / 32) + 8 * (block % 2) + lane_ % 8;
 #pragma unroll
-    for (int i = 0; i < 32; i += 2) {
-      const int r = r0_ + 8 * ((i >> 1) & 1);
-      const int col = 8 * (i >> 2) + 2 * (lane_ % 4);
-      *reinterpret_cast<uint32_t*>(&tile[r * 128 + ((2 * col) ^ ((r & 7) << 4))]) = Ops::pack(s[i], s[i + 1]);
+    for (int k = 0; k < 4; ++k) {
+      const int j = 2 * k + block / 2;
+      dev::stmatrix_x4(tile + row * 128 + ((j ^ (lane_ % 8)) << 4), Ops::pack(s[8 * k], s[8 * k + 1]),
+                       Ops::pack(s[8 * k + 2], s[8 * k + 3]), Ops::pack(s[8 * k + 4], s[8 * k + 5]),
+                       Ops::pack(s[8 * k + 6], s[8 * k + 7]));
     }
     if (lane_ % 4 == 0) {
       sm_.row_max[w_][r0_] = m_new[0];
