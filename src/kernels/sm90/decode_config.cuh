@@ -84,6 +84,7 @@ struct Sm90DecodeSmem {
   uint8_t kv[C::kStages][C::kSlabs][C::kSlabBytes];
   float row_max[2][C::kRows];    // running max after tile A / after tile B
   float row_sum[2][C::kRows];
+  float max_logit[2][C::kRows];  // each consumer's max logit per row, for max_logits at the store
   uint64_t full[C::kStages][C::kSlabs];  // per slab: S starts on the first slabs of a tile
   // Per stage, two halves released separately: [kLowSlabs] = V slabs 0..3, [kHighSlabs] =
   // slabs 4..8 (empty_count() says who releases what), so a producer refills slabs 0..3 of

@@ -52,7 +52,10 @@ namespace dev = mlakit::device::sm90;
 // after it, so P_A V_A,1 runs while a late tile B lands. Measured on the H200 (2026-11-22):
 // FP8 sparse decode h_q 64 topk 2048 257 vs 270 us, h_q 128 neutral; the sparse prefill 8%
 // slower (S_B, on its critical path, starts later), the dense decode not tried.
-template <typename Elem, bool kGathered = false, bool kPvA1First = false>
+//
+// kMaxLogits: the kernel writes max_logits (sparse prefill), so each consumer also tracks the
+// true max logit of its rows (the reference max of the exponents may lag it).
+template <typename Elem, bool kGathered = false, bool kPvA1First = false, bool kMaxLogits = false>
 class Sm90Consumer {
   using C = Sm90DecodeConfig;
   using Ops = device::ElemOps<Elem>;
@@ -88,6 +91,7 @@ class Sm90Consumer {
 #pragma unroll
     for (int j = 0; j < 128; ++j) o_[j] = 0.f;
     m_[0] = m_[1] = -INFINITY;
+    max_logit_[0] = max_logit_[1] = -INFINITY;
     l_[0] = l_[1] = 0.f;
     bad_ = false;
     const int tiles = segment_tiles(p_, hk_, tile_, L, key_begin, key_end);
@@ -410,7 +414,10 @@ class Sm90Consumer {
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      m_new[h] = fmaxf(m_[h], mx[h]);
+      if constexpr (kMaxLogits) max_logit_[h] = fmaxf(max_logit_[h], mx[h]);
+      // The reference max moves only when a row's max passes it by more than kRescaleSlack
+      // (P then stays <= 2^kRescaleSlack), so O is rarely rescaled.
+      m_new[h] = mx[h] > m_[h] + kRescaleSlack ? mx[h] : m_[h];
     }
     sum[0] = sum[1] = 0.f;
     // A row with no visible key so far keeps max -inf and every logit -inf: P = 2^-inf = 0.
@@ -521,6 +528,10 @@ class Sm90Consumer {
     if (lane_ % 4 == 0) {
       sm_.row_sum[w_][r0_] = l0;
       sm_.row_sum[w_][r0_ + 8] = l1;
+      if constexpr (kMaxLogits) {
+        sm_.max_logit[w_][r0_] = max_logit_[0];
+        sm_.max_logit[w_][r0_ + 8] = max_logit_[1];
+      }
     }
     // Past this barrier both consumers' multiplies are done (each pair ends with a wait), so
     // the Q tile is dead: the next segment's Q is copied while the outputs go out.
@@ -588,9 +599,10 @@ class Sm90Consumer {
           p_.lse[seq_offset(p_, seq, p_.lse_stride_b, p_.lse_stride_s) + rc.head * p_.lse_stride_h +
                  rc.t * p_.lse_stride_s] =
               lse2 == -INFINITY ? INFINITY : lse2 * to_base;
-          if (p_.max_logits != nullptr) {
+          if (kMaxLogits && p_.max_logits != nullptr) {
             p_.max_logits[seq_offset(p_, seq, p_.max_logits_stride_b, p_.max_logits_stride_s) +
-                          rc.head * p_.max_logits_stride_h + rc.t * p_.max_logits_stride_s] = bad_ ? NAN : (empty ? -INFINITY : m_[half] * to_base);
+                          rc.head * p_.max_logits_stride_h + rc.t * p_.max_logits_stride_s] =
+                bad_ ? NAN : (empty ? -INFINITY : fmaxf(sm_.max_logit[0][r], sm_.max_logit[1][r]) * to_base);
           }
         } else {
           p_.partial_lse[slot_row0 + row] = lse2;
@@ -607,7 +619,10 @@ class Sm90Consumer {
   const int w_, t_, lane_, r0_, hk_, tile_;
   uint32_t phase_ = 0;  // parity of this consumer's next wait on full[w][*]
   int lim_[2] = {0, 0};
-  float m_[2], l_[2];
+  // m_: the reference max of the exponents (lags the row's max by up to kRescaleSlack; LSE =
+  // m_ + log2(l) holds for any reference); max_logit_: the max of this consumer's logits.
+  float m_[2], l_[2], max_logit_[2];
+  static constexpr float kRescaleSlack = 8.f;
   bool bad_ = false;
   bool q_offsets_ready_ = false;  // sm_.q_row_offset filled
   bool q_issued_ = false;         // the next segment's Q copy is in flight
