@@ -10,6 +10,13 @@ namespace {
 constexpr int kSupportedDqk = 576;
 constexpr int kSupportedDv = 512;
 
+// The sparse FP8 decode's segment charge, for either kernel: its gathering producer restarts at
+// every segment, and its schedule and the whole-sequence choice (b = 64 / 128 at h_q 128,
+// topk 2048: 64 parts of 2 / 4 whole sequences, no combine) were measured with 5
+// (docs/kernels/mla_sparse_decode_sm90.md); with the dense decode's 3 the choice falls back to
+// split schedules, which measured slower.
+constexpr int kSparseDecodeOverheadBlocks = 5;
+
 std::size_t align_up(std::size_t x) {
   return (x + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
@@ -23,12 +30,14 @@ DecodeKernelTraits decode_kernel_traits(MlaDecodeKernel kernel) {
         .kernel = MlaDecodeKernel::kSm90,
         .rows_per_tile = 64,
         .block_n = 64,
-        // A segment costs ~4 compute-bound tiles at h_q 128 (mlakit-decode-timeline, H100);
-        // 4 measured 0.5% slower than 5 at s_q 1 and 2, s_k~4k. Streaming (h_q 16, b 32, s_k
-        // 8192, H100, same call): 1 / 2 / 3 / 5 gave 131.6 / 130.0 / 129.6 / 130.8 us (two
-        // rounds each, mean).
-        .overhead_blocks = 5,
-        .streaming_overhead_blocks = 3,
+        // A segment (Q load, store, pipeline refill) costs ~2.4 tiles at h_q 128 s_q 1 s_k~4k
+        // (mlakit-decode-timeline fit, H100, fd153cb: 6,034 ns per segment, 2,493 per tile).
+        // Same call, two rounds, s_q 1 4k / 8k, s_q 2 4k: 3 blocks 291.7 / 519.3 / 470.9 and
+        // 290.8 / 519.6 / 470.9 us, 4: 293.7 / 519.8 / 470.0 and 291.7 / 519.9 / 470.8, 5: 295.1
+        // / 521.9 / 476.4 and 293.0 / 520.6 / 472.1. When a kv head's rows fit one row tile
+        // (h_q 16 s_q 1, b 32, s_k 8192: streaming, earlier kernel) 1 / 2 / 3 / 5 gave 131.6 /
+        // 130.0 / 129.6 / 130.8 us, so 3 serves both.
+        .overhead_blocks = 3,
         .ctas_per_sm = 1,
     };
   }
@@ -37,7 +46,6 @@ DecodeKernelTraits decode_kernel_traits(MlaDecodeKernel kernel) {
       .rows_per_tile = 32,
       .block_n = 64,
       .overhead_blocks = 5,
-      .streaming_overhead_blocks = 5,
       .ctas_per_sm = 2,
   };
 }
@@ -74,16 +82,12 @@ int decode_num_parts(const MlaDecodeProblem& p, const DecodeKernelTraits& t, int
   return static_cast<int>(parts < 1 ? 1 : parts);
 }
 
-int decode_overhead_blocks(const MlaDecodeProblem& p, const DecodeKernelTraits& t) {
-  return decode_row_tiles(p, t) == 1 ? t.streaming_overhead_blocks : t.overhead_blocks;
-}
-
 ScheduleConfig decode_schedule_config(const MlaDecodeProblem& p, const DecodeKernelTraits& t,
                                       int sm_count) {
   return ScheduleConfig{
       .num_parts = decode_num_parts(p, t, sm_count),
       .block_n = t.block_n,
-      .overhead_blocks = decode_overhead_blocks(p, t),
+      .overhead_blocks = t.overhead_blocks,
   };
 }
 
@@ -124,7 +128,7 @@ Status make_decode_layout(const MlaDecodeProblem& p, const DeviceInfo& device,
   out.device = device.ordinal;
   out.num_parts = decode_num_parts(p, traits, device.sm_count);
   out.block_n = traits.block_n;
-  out.overhead_blocks = decode_overhead_blocks(p, traits);
+  out.overhead_blocks = traits.overhead_blocks;
   out.rows_per_tile = traits.rows_per_tile;
   set_decode_num_parts(decode_num_parts(p, traits, device.sm_count), &out);
   *plan = out;
@@ -173,6 +177,7 @@ Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, int topk, bo
   MLAKIT_RETURN_IF_ERROR(make_decode_layout(scheduled, device, &out, request));
   out.sparse_topk = topk;  // the schedule covers topk keys per row: checked by the decode
   out.sparse_topk_length = with_topk_length;  // checked by the decode too
+  out.overhead_blocks = kSparseDecodeOverheadBlocks;
   if (!with_topk_length) {
     // Lengths known on the host: the default schedule's config decides whether whole
     // sequences per part keep its balance.

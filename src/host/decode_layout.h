@@ -16,10 +16,6 @@ struct DecodeKernelTraits {
   int rows_per_tile;    // query rows per CTA
   int block_n;          // keys per scheduling block
   int overhead_blocks;  // scheduling cost of one segment, in blocks
-  // The same when a kv head's rows fit one row tile: no other CTA shares the part's cache
-  // tiles, the kernel streams them at memory speed, and the producer's loads running ahead
-  // hide most of a segment's Q load and output store.
-  int streaming_overhead_blocks;
   int ctas_per_sm;      // resident CTAs per SM the kernel is designed for
 };
 
@@ -42,10 +38,6 @@ int64_t decode_row_tiles(const MlaDecodeProblem& problem, const DecodeKernelTrai
 //   row tiles 4, num_parts = 264 / 4 = 66.
 int decode_num_parts(const MlaDecodeProblem& problem, const DecodeKernelTraits& traits,
                      int sm_count);
-
-// The segment cost the schedule charges: streaming_overhead_blocks when the rows of a kv head
-// fit one row tile, overhead_blocks otherwise.
-int decode_overhead_blocks(const MlaDecodeProblem& problem, const DecodeKernelTraits& traits);
 
 ScheduleConfig decode_schedule_config(const MlaDecodeProblem& problem,
                                       const DecodeKernelTraits& traits, int sm_count);

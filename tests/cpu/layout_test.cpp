@@ -148,29 +148,21 @@ TEST(DecodeLayout, RowsTilesAndParts) {
   EXPECT_GE(c.overhead_blocks, 1);
 }
 
-TEST(DecodeLayout, SegmentOverheadIsSmallerWhenOneRowTileStreamsTheCache) {
-  const DecodeKernelTraits t = decode_kernel_traits(MlaDecodeKernel::kSm90);
-  ASSERT_EQ(t.rows_per_tile, 64);
-  ASSERT_LT(t.streaming_overhead_blocks, t.overhead_blocks);
-  ASSERT_GE(t.streaming_overhead_blocks, 1);
-  // One row tile per kv head (h_q 16 s_q 1, h_q 64 s_q 1, h_q 32 h_kv 2 s_q 2): streaming.
-  for (const MlaDecodeProblem& p : {problem(32, 1, 16, 1), problem(32, 1, 64, 1), problem(8, 2, 64, 2)}) {
-    EXPECT_EQ(decode_overhead_blocks(p, t), t.streaming_overhead_blocks) << p.s_q << " " << p.h_q << " " << p.h_kv;
-    EXPECT_EQ(decode_schedule_config(p, t, 132).overhead_blocks, t.streaming_overhead_blocks);
-    MlaDecodePlan plan;
-    ASSERT_TRUE(make_decode_layout(p, h100(), &plan, MlaDecodeKernel::kSm90).is_ok());
-    EXPECT_EQ(plan.overhead_blocks, t.streaming_overhead_blocks);
+TEST(DecodeLayout, PlanChargesTheKernelsSegmentOverheadForEveryShape) {
+  // One row tile per kv head (streaming: h_q 16 / 64 s_q 1, h_q 32 h_kv 2 s_q 2) and several
+  // (h_q 128, h_q 16 s_q 8, h_q 64 s_q 2): one segment charge per kernel family.
+  const MlaDecodeProblem shapes[] = {problem(32, 1, 16, 1),  problem(32, 1, 64, 1), problem(8, 2, 64, 2),
+                                     problem(32, 1, 128, 1), problem(32, 8, 16, 1), problem(8, 2, 64, 1)};
+  for (MlaDecodeKernel kernel : {MlaDecodeKernel::kSm90, MlaDecodeKernel::kPortable}) {
+    const DecodeKernelTraits t = decode_kernel_traits(kernel);
+    ASSERT_GE(t.overhead_blocks, 1);
+    for (const MlaDecodeProblem& p : shapes) {
+      EXPECT_EQ(decode_schedule_config(p, t, 132).overhead_blocks, t.overhead_blocks) << p.s_q << " " << p.h_q;
+      MlaDecodePlan plan;
+      ASSERT_TRUE(make_decode_layout(p, h100(), &plan, kernel).is_ok());
+      EXPECT_EQ(plan.overhead_blocks, t.overhead_blocks) << p.s_q << " " << p.h_q << " " << p.h_kv;
+    }
   }
-  // Several row tiles share each cache tile (h_q 128, or h_q 16 with s_q 8): compute-bound.
-  for (const MlaDecodeProblem& p : {problem(32, 1, 128, 1), problem(32, 8, 16, 1), problem(8, 2, 64, 1)}) {
-    EXPECT_EQ(decode_overhead_blocks(p, t), t.overhead_blocks) << p.s_q << " " << p.h_q << " " << p.h_kv;
-    MlaDecodePlan plan;
-    ASSERT_TRUE(make_decode_layout(p, h100(), &plan, MlaDecodeKernel::kSm90).is_ok());
-    EXPECT_EQ(plan.overhead_blocks, t.overhead_blocks);
-  }
-  // The portable kernel charges the same either way.
-  const DecodeKernelTraits portable = decode_kernel_traits(MlaDecodeKernel::kPortable);
-  EXPECT_EQ(decode_overhead_blocks(problem(32, 1, 16, 1), portable), portable.overhead_blocks);
 }
 
 TEST(DecodeLayout, RegionsAlignedDisjointAndSizedForManyProblems) {

@@ -89,10 +89,15 @@ ScheduleConfig with_parts(ScheduleConfig c, int num_parts) {
 }
 
 // b = 64 / 128, s_q = 2, h_q = 128, topk = 2048 on a 132-SM H100 with the Hopper kernel:
-// 66 parts by default, segment cost 5 (two row tiles: not streaming), 32 blocks per sequence.
+// 66 parts by default, the sparse decode's segment cost 5, 32 blocks per sequence.
 TEST(WholeSequenceParts, BenchmarkShapesGet64PartsOfWholeSequences) {
-  const DecodeKernelTraits t = decode_kernel_traits(MlaDecodeKernel::kSm90);
-  const ScheduleConfig def = decode_schedule_config(MlaDecodeProblem{.b = 128, .s_q = 1, .h_q = 128}, t, 132);
+  // The default schedule: the sparse plan made with topk_length (no whole-sequence choice).
+  MlaDecodePlan varying;
+  ASSERT_TRUE(make_sparse_decode_layout(MlaDecodeProblem{.b = 128, .s_q = 1, .h_q = 128, .h_kv = 1}, 2048, true,
+                                        h100(), MlaDecodeKernel::kSm90, &varying)
+                  .is_ok());
+  const ScheduleConfig def{
+      .num_parts = varying.num_parts, .block_n = varying.block_n, .overhead_blocks = varying.overhead_blocks};
   ASSERT_EQ(def.num_parts, 66);
   ASSERT_EQ(def.overhead_blocks, 5);
   ASSERT_EQ(key_blocks(2048, def.block_n), 32);
