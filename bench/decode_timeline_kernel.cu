@@ -5,6 +5,7 @@
 // buffer through the library's own headers, whose types have the same layout here.
 #include <cuda_bf16.h>
 
+#include "kernels/sm90/launch.h"
 #include "kernels/sm90/mla_decode_sm90_kernel.cuh"
 #include "kernels/sm90/mla_sparse_decode_sm90_kernel.cuh"
 
@@ -41,7 +42,7 @@ extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap
   const cudaError_t err = prepare(kernel, p, timeline, stream, &grid);
   if (err != cudaSuccess) return err;
   kernel<<<grid, C::kThreads, d::sm90::kSm90SmemBytes, stream>>>(p, *kv_map, box_rows,
-                                                                   q_map != nullptr ? *q_map : *kv_map, q_map != nullptr);
+                                                                   d::map_or_empty(q_map), q_map != nullptr);
   return cudaGetLastError();
 }
 
@@ -53,8 +54,6 @@ extern "C" cudaError_t traced_sparse_decode(const void* params, const CUtensorMa
   dim3 grid;
   const cudaError_t err = prepare(kernel, p, timeline, stream, &grid);
   if (err != cudaSuccess) return err;
-  CUtensorMap unused{};
-  kernel<<<grid, C::kThreads, d::sm90::kSm90SmemBytes, stream>>>(p, q_map != nullptr ? *q_map : unused,
-                                                                   q_map != nullptr);
+  kernel<<<grid, C::kThreads, d::sm90::kSm90SmemBytes, stream>>>(p, d::map_or_empty(q_map), q_map != nullptr);
   return cudaGetLastError();
 }

@@ -270,8 +270,8 @@ class Sm90Consumer {
   // Starts on this consumer's tile: a tile that extends past the segment is waited for whole
   // and its cache rows past the segment (stale, or NaN past the sequence end) are zeroed in
   // the V slabs, so 0-weight P entries cannot meet NaN in P·V (the other consumer reads them
-  // only after this consumer's P hand-off). Full tiles are waited for slab by slab in
-  // issue_scores.
+  // only after this consumer's P hand-off). Full tiles are waited for in issue_scores (by
+  // slab group for TMA tiles, whole for gathered ones).
   __device__ void prepare_tile(int stage, int tile_start, int key_end) {
     const int valid_rows = min(C::kKeys, key_end - tile_start);
     if (valid_rows == C::kKeys) return;

@@ -32,6 +32,10 @@ bool make_q_tensor_map(const TensorRef& q, int heads_per_kv, CUtensorMap* map, s
 // d_qk of 512 are zero-filled).
 bool make_sparse_prefill_q_tensor_map(const TensorRef& q, CUtensorMap* map, std::string* why);
 
+// A kernel's by-value tensor-map argument where the map is optional (the kernel also takes a
+// flag saying whether it is set): the map, or an empty one that is never read.
+inline CUtensorMap map_or_empty(const CUtensorMap* map) { return map != nullptr ? *map : CUtensorMap{}; }
+
 // Attention (grid: 64-row tiles x h_kv x num_parts) then the portable combine. q_map: the Q
 // tile by TMA; nullptr: by cp.async.
 template <typename Elem>

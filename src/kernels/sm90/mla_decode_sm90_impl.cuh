@@ -18,7 +18,7 @@ cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensor
   const int row_tiles = (params.rows + C::kRows - 1) / C::kRows;
   dim3 grid(row_tiles, params.h_kv, params.num_parts);
   kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, kv_map, box_rows,
-                                                                q_map != nullptr ? *q_map : kv_map, q_map != nullptr);
+                                                                map_or_empty(q_map), q_map != nullptr);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return launch_mla_decode_combine<Elem>(params, stream);

@@ -15,9 +15,7 @@ cudaError_t launch_mla_sparse_decode_sm90(const MlaDecodeParams& params, const C
   if (err != cudaSuccess) return err;
   const int row_tiles = (params.rows + C::kRows - 1) / C::kRows;
   dim3 grid(row_tiles, 1, params.num_parts);
-  CUtensorMap unused{};
-  kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, q_map != nullptr ? *q_map : unused,
-                                                               q_map != nullptr);
+  kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, map_or_empty(q_map), q_map != nullptr);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return launch_mla_decode_combine<__nv_bfloat16>(params, stream);

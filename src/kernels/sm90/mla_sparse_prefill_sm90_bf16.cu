@@ -14,9 +14,8 @@ cudaError_t launch_mla_sparse_prefill_sm90(const MlaDecodeParams& params, const 
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSm90SmemBytes);
   if (err != cudaSuccess) return err;
   const int64_t row_tiles = (params.rows + C::kRows - 1) / C::kRows;
-  CUtensorMap unused{};
   kernel<<<static_cast<unsigned>(params.b * row_tiles), C::kThreads, sm90::kSm90SmemBytes, stream>>>(
-      params, q_map != nullptr ? *q_map : unused, q_map != nullptr);
+      params, map_or_empty(q_map), q_map != nullptr);
   return cudaGetLastError();
 }
 

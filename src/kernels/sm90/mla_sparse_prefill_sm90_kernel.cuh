@@ -3,7 +3,7 @@
 // x is row tile x % row_tiles of token x / row_tiles (the row tiles of a token are adjacent,
 // so the second one finds the gathered rows in L2); 384 threads, one CTA per SM. No plan, no
 // split: every token's keys run in one CTA, outputs written directly (out, max_logits, lse).
-// q_map (q_by_tma): q as a 4D map {d_qk, h_q, 1, s_q} (sparse_prefill_q_map), the Q tile by
+// q_map (q_by_tma): q as a 4D map {d_qk, h_q, 1, s_q} (make_sparse_prefill_q_tensor_map), the Q tile by
 // TMA; else by cp.async.
 #pragma once
 
@@ -44,7 +44,8 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     }
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Sm90Consumer<Elem, /*kGathered=*/true, /*kPvA1First=*/false, /*kMaxLogits=*/true> consumer(p, sm, tile, 0, q_by_tma ? &q_map : nullptr);
+    Sm90Consumer<Elem, /*kGathered=*/true, /*kPvA1First=*/false, /*kMaxLogits=*/true> consumer(
+        p, sm, tile, 0, q_by_tma ? &q_map : nullptr);
     consumer.run_segment(seq, L, 0, L, 0);
   }
 #endif
