@@ -18,13 +18,13 @@
 namespace mlakit::testing {
 namespace {
 
-support::HostDecodeCase small_case(uint64_t seed, int s_q = 2, bool causal = true) {
+support::HostDecodeCase small_case(uint64_t seed, int s_q = 2, bool causal = true, int page_size = 64) {
   support::DecodeCaseSpec spec;
   spec.seqlens = support::varlen_lengths(5, 700, 1, seed);
   spec.s_q = s_q;
   spec.h_q = 16;
   spec.h_kv = 1;
-  spec.page_size = 64;
+  spec.page_size = page_size;
   spec.causal = causal;
   spec.seed = seed;
   return support::make_decode_case(spec);
@@ -220,6 +220,21 @@ TEST(MlaDecodeBlockTable, OutOfRangeEntryGivesNanRowsOnlyForItsSequence) {
   GpuDecodeResult gpu = run_gpu_decode(hc);
   ASSERT_TRUE(gpu.status) << gpu.status.to_string();
   expect_matches(hc, gpu.out, gpu.lse);  // the reference gives NaN rows for sequence 2 too
+  const int64_t row_elems = hc.spec.s_q * hc.spec.h_q * 512;
+  EXPECT_TRUE(std::isnan(host::bf16_to_float(gpu.out[2 * row_elems])));
+  EXPECT_FALSE(std::isnan(host::bf16_to_float(gpu.out[0])));
+}
+
+// Page 16: the tile's four boxes come from four producer warps; a bad entry in the second box
+// (looked up by lane 1, loaded by warp 1) still marks the stage for the consumers.
+TEST(MlaDecodeBlockTable, OutOfRangeEntryInALaterBoxOfA16KeyPageTile) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  support::HostDecodeCase hc = small_case(41, 1, false, 16);
+  ASSERT_GT(hc.seqlens[2], 16) << "sequence 2 must reach its second page";
+  hc.block_table[2 * hc.max_blocks_per_seq + 1] = -3;
+  GpuDecodeResult gpu = run_gpu_decode(hc);
+  ASSERT_TRUE(gpu.status) << gpu.status.to_string();
+  expect_matches(hc, gpu.out, gpu.lse);
   const int64_t row_elems = hc.spec.s_q * hc.spec.h_q * 512;
   EXPECT_TRUE(std::isnan(host::bf16_to_float(gpu.out[2 * row_elems])));
   EXPECT_FALSE(std::isnan(host::bf16_to_float(gpu.out[0])));

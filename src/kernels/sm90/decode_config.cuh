@@ -110,8 +110,9 @@ __host__ __device__ constexpr uint32_t empty_count(int stage, int half) {
 }
 
 // The CTA's shared memory (1024-aligned in the dynamic allocation) with its barriers set up by
-// thread 0 before a CTA-wide barrier: full[s][slab] expects full_count(slab) arrivals (1 for
-// TMA tiles, the gathering threads for gathered ones), empty[s][half] empty_count(s, half).
+// thread 0 before a CTA-wide barrier: full[s][slab] expects full_count(slab) arrivals (the
+// producer warps for TMA tiles, the gathering threads for gathered ones), empty[s][half]
+// empty_count(s, half).
 template <typename FullCount>
 __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, FullCount full_count) {
   using C = Sm90DecodeConfig;

@@ -5,12 +5,15 @@
 // like the portable kernel, writing final or partial results for the combine kernel.
 //
 // Warp roles (warpgroup = 128 threads):
-//   WG0, warp 0  producer (decode_producer.cuh): block-table lookups and TMA loads of 64-key
-//                cache tiles, tile j of a segment into stage j % 2; setmaxnreg.dec.
+//   WG0          producer (decode_producer.cuh): block-table lookups and TMA loads of 64-key
+//                cache tiles, tile j of a segment into stage j % 2, warp w loading box w
+//                (one warp for pages of 64 keys or more, 2 / 4 for pages of 32 / 16);
+//                setmaxnreg.dec.
 //   WG1, WG2     consumers 0 and 1 (decode_consumer.cuh): seesaw over pairs of tiles, each
 //                computing S of its own tile and P·V of both tiles for its half of the
 //                output columns; setmaxnreg.inc.
-// Barrier protocol: full[s][slab] (count 1: producer arrive + TMA bytes via expect_tx per box),
+// Barrier protocol: full[s][slab] (count = producer warps: one arrive each + TMA bytes via
+// expect_tx per box),
 // empty[s][half] (V slabs 0..3 / slabs 4..8, one arrival per last reader after its last wgmma
 // reading that half: empty_count in decode_config.cuh). The consumer of stage s waits
 // full[s][*] with parity starting at 0, the producer waits empty[s][*] with parity starting at
@@ -37,10 +40,11 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
   if (threadIdx.x == 0) MLAKIT_SM90_CTA_SPAN(false);
-  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int) { return 1; });  // one TMA producer arrival
+  const int producers = producer_warps(box_rows);  // each arrives once per slab group
+  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [producers](int) { return producers; });
   if (threadIdx.x < 128) {
     dev::setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x < 32) produce(p, kv_map, box_rows, sm);
+    if (threadIdx.x / 32 < producers) produce(p, kv_map, box_rows, sm);
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
     Sm90Consumer<Elem> consumer(p, sm, blockIdx.x, blockIdx.y, q_by_tma ? &q_map : nullptr);
