@@ -126,7 +126,6 @@ Status make_decode_layout(const MlaDecodeProblem& p, const DeviceInfo& device,
   out.problem = p;
   out.kernel = traits.kernel;
   out.device = device.ordinal;
-  out.num_parts = decode_num_parts(p, traits, device.sm_count);
   out.block_n = traits.block_n;
   out.overhead_blocks = traits.overhead_blocks;
   out.rows_per_tile = traits.rows_per_tile;

@@ -213,16 +213,21 @@ TEST_F(MlaDecodeDeviceValidation, PlanChecksWorkspaceAndLengths) {
   EXPECT_NE(s.message().find("cache_seqlens"), std::string::npos) << s.message();
 }
 
-TEST(MlaDecodeBlockTable, OutOfRangeEntryGivesNanRowsOnlyForItsSequence) {
-  MLAKIT_SKIP_WITHOUT_GPU();
-  support::HostDecodeCase hc = small_case(41, 1, false);
-  hc.block_table[2 * hc.max_blocks_per_seq + 0] = static_cast<int32_t>(hc.num_blocks + 5);  // sequence 2
+// Decodes hc, whose sequence 2 has a bad block-table entry: its rows are NaN, sequence 0's not.
+void expect_nan_rows_only_for_sequence_2(const support::HostDecodeCase& hc) {
   GpuDecodeResult gpu = run_gpu_decode(hc);
   ASSERT_TRUE(gpu.status) << gpu.status.to_string();
   expect_matches(hc, gpu.out, gpu.lse);  // the reference gives NaN rows for sequence 2 too
   const int64_t row_elems = hc.spec.s_q * hc.spec.h_q * 512;
   EXPECT_TRUE(std::isnan(host::bf16_to_float(gpu.out[2 * row_elems])));
   EXPECT_FALSE(std::isnan(host::bf16_to_float(gpu.out[0])));
+}
+
+TEST(MlaDecodeBlockTable, OutOfRangeEntryGivesNanRowsOnlyForItsSequence) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  support::HostDecodeCase hc = small_case(41, 1, false);
+  hc.block_table[2 * hc.max_blocks_per_seq + 0] = static_cast<int32_t>(hc.num_blocks + 5);  // sequence 2
+  expect_nan_rows_only_for_sequence_2(hc);
 }
 
 // Page 16: the tile's four boxes come from four producer warps; a bad entry in the second box
@@ -232,12 +237,7 @@ TEST(MlaDecodeBlockTable, OutOfRangeEntryInALaterBoxOfA16KeyPageTile) {
   support::HostDecodeCase hc = small_case(41, 1, false, 16);
   ASSERT_GT(hc.seqlens[2], 16) << "sequence 2 must reach its second page";
   hc.block_table[2 * hc.max_blocks_per_seq + 1] = -3;
-  GpuDecodeResult gpu = run_gpu_decode(hc);
-  ASSERT_TRUE(gpu.status) << gpu.status.to_string();
-  expect_matches(hc, gpu.out, gpu.lse);
-  const int64_t row_elems = hc.spec.s_q * hc.spec.h_q * 512;
-  EXPECT_TRUE(std::isnan(host::bf16_to_float(gpu.out[2 * row_elems])));
-  EXPECT_FALSE(std::isnan(host::bf16_to_float(gpu.out[0])));
+  expect_nan_rows_only_for_sequence_2(hc);
 }
 
 }  // namespace
