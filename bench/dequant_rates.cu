@@ -19,19 +19,18 @@
 #include <vector>
 
 #include "device/fp8_convert.cuh"
+#include "bench/rate_tools.cuh"
 #include "support/device_array.h"
 
 namespace {
+
+using mlakit::bench_rates::check;
 
 using mlakit::support::DeviceArray;
 
 constexpr int kThreads = 1024;
 constexpr int kChains = 8;
 constexpr int kIters = 2048;
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
 
 // One step of each measured operation on a 32-bit chain value.
 struct Unpack {  // cvt.rn.f16x2.e4m3x2: 2 values

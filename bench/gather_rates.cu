@@ -18,25 +18,17 @@
 #include <vector>
 
 #include "device/cp_async.cuh"
+#include "bench/rate_tools.cuh"
 #include "support/device_array.h"
 
 namespace {
 
+using mlakit::bench_rates::check;
+using mlakit::bench_rates::mix;
+
 using mlakit::support::DeviceArray;
 
 constexpr int kRows = 8192, kRowBytes = 1152, kRounds = 512, kRoundBytes = 2048;
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-
-__device__ uint32_t mix(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  return x ^ (x >> 16);
-}
 
 template <int kDepth>
 __global__ void gather_kernel(const uint8_t* rows, long long* spans) {

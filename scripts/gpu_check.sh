@@ -114,6 +114,8 @@ if [ "$run_bench" = 1 ]; then
   note "dequant rates: rc=$?"; tee -a "$summary" <"$OUT/dequant_rates.log"
   timeout 60 "$build/bench/mlakit-gather-rates" >"$OUT/gather_rates.log" 2>&1
   note "gather rates: rc=$?"; tee -a "$summary" <"$OUT/gather_rates.log"
+  timeout 60 "$build/bench/mlakit-cluster-fill-rates" >"$OUT/cluster_fill_rates.log" 2>&1
+  note "cluster fill rates: rc=$?"; tee -a "$summary" <"$OUT/cluster_fill_rates.log"
   timeout 240 "$build/bench/mlakit-bench" --out bench/results "${bench_args[@]}" >"$OUT/bench.log" 2>&1
   note "bench: rc=$?"
   find bench/results -name '*.jsonl' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/" \;  # this GPU's file

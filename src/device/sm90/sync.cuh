@@ -75,6 +75,17 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const void* map, uin
       : "memory");
 }
 
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes: `bytes` (multiple of 16,
+// both addresses 16-byte aligned) of contiguous global memory into shared memory, counted on
+// `bar` in bytes (the non-tensor bulk copy: no box, no swizzle).
+__device__ __forceinline__ void bulk_copy_global_to_shared(void* smem_dst, const void* gmem_src, uint32_t bytes,
+                                                           uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(smem_dst)),
+               "l"(gmem_src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
 // prefetch.tensormap: warms the descriptor cache with the (kernel-parameter) tensor map.
 __device__ __forceinline__ void tma_prefetch_descriptor(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

@@ -42,11 +42,12 @@ struct Sm90DecodeConfig {
   static constexpr int kLowSlabs = 0;   // V slabs 0..3: consumer 0's P·V columns
   static constexpr int kHighSlabs = 1;  // V slabs 4..7 and slab 8 (RoPE, then P)
   static constexpr int kFirstHighSlab = 4;
-  // A gathered tile is complete once the barriers of its last V slab and of its RoPE slab have
-  // passed: each producer warp arrives on a tile's V slabs in order (a release of its earlier
-  // stores) and a thread's cp.async arrival fires once all its earlier copies have landed, so
-  // slab 7's completion implies slabs 0..6 (gather_producer.cuh, fp8_gather_producer.cuh).
-  static constexpr int kGatheredTileFirstWait = kNopeSlabs - 1;
+  // A gathered tile completes on one barrier, its last slab's (RoPE): every gathering thread's
+  // cp.async arrival there fires once all its copies of the tile have landed, and each
+  // producer warp's ordinary arrival there (after its last store, and its mask) releases what
+  // it stored (gather_producer.cuh, fp8_gather_producer.cuh). The consumer waits once per tile:
+  // a wait on a complete barrier costs it ~100 cycles and more, on its critical path.
+  static constexpr int kGatheredTileBarrier = kSlabs - 1;
   // TMA tiles: S streams behind the tile's load in groups of slabs, each group's boxes
   // completing on the barrier of its last slab (one wait per group: a wait costs the consumer
   // ~100 cycles even on a complete barrier). Groups stay within the stage halves. H100, same

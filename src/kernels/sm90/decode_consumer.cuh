@@ -327,11 +327,11 @@ class Sm90Consumer {
     return sm_.stage_bad[stage] != 0;
   }
 
-  // Waits for the whole tile of a stage: its last two barriers (gathered tiles), or the
-  // barrier of each slab group (TMA tiles).
+  // Waits for the whole tile of a stage: its one barrier (gathered tiles), or the barrier of
+  // each slab group (TMA tiles).
   __device__ void await_tile(int stage) {
     if constexpr (kGathered) {
-      await_slabs(stage, C::kGatheredTileFirstWait, C::kSlabs);
+      await_slabs(stage, C::kGatheredTileBarrier, C::kSlabs);
     } else {
 #pragma unroll
       for (int slab = 0; slab < C::kSlabs; ++slab) {
@@ -345,7 +345,7 @@ class Sm90Consumer {
 #pragma unroll
     for (int slab = first; slab < end; ++slab) {
       dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
-      if (slab == (kGathered ? C::kGatheredTileFirstWait : C::group_last_slab(0))) MLAKIT_SM90_STAMP(kConsumerFirstSlab);
+      if (slab == (kGathered ? C::kGatheredTileBarrier : C::group_last_slab(0))) MLAKIT_SM90_STAMP(kConsumerFirstSlab);
       if (slab == C::kSlabs - 1) MLAKIT_SM90_STAMP(kConsumerLastSlab);
     }
   }

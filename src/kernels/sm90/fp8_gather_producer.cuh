@@ -12,8 +12,8 @@
 //     token's four, read once per tile in one 16-byte load (the next tile's at the start); it
 //     dequantizes them (device/fp8_convert.cuh, bit-identical to the reference) into its 4
 //     chunks of the swizzled row (st.shared). After slab 7, lane 0 of each warp arrives on
-//     full[stage][7] after __syncwarp: the consumers wait for slabs 7 and 8 only (their S
-//     needs the whole tile), and a warp's release there covers all its slabs. (Arrivals on
+//     full[stage][8] after __syncwarp: the consumers wait for that one barrier (their S needs
+//     the whole tile), and a warp's release there covers all its slabs. (Arrivals on
 //     every slab, from when S streamed slab by slab, cost 1-3%: b=128 h_q 128 / 64 396.1 /
 //     235.7 us without, 396.0 / 242.4 with, H100, same call.) The generic -> async proxy
 //     fence is the consumers', after their wait: one here would be a MEMBAR that also waits
@@ -22,8 +22,8 @@
 // invalid slot (or a key past the segment) reads kFp8ZeroToken instead: zeros, scale 0, zero
 // RoPE, with the same unpredicated loads (a predicated load leaves register copies that wait
 // for it early: device/global_load.cuh).
-// Lane 0 writes the warp's valid-slot mask before its slab-7 arrival, which releases it
-// (Sm90DecodeConfig::kGatheredTileFirstWait).
+// Lane 0 writes the warp's valid-slot mask before its arrival on the tile's barrier, which
+// releases it (Sm90DecodeConfig::kGatheredTileBarrier).
 // While tile i converts, the tokens of tile i + 1 are prefetched into L2 (prefetch_token_l2)
 // and the indices are read two tiles ahead; no load is waited for before its data is
 // converted. Fewer memory requests per token paid here (H100, same call, b=128 h_q 128 / 64
@@ -48,11 +48,11 @@ namespace mlakit::detail::sm90 {
 // Internal linkage: one per translation unit, zero-initialised in global memory.
 __device__ __align__(128) const uint8_t kFp8ZeroToken[kFp8TokenBytes] = {};
 
-// Arrivals on full[stage][slab]: one per producer warp on the last dequantized slab (7), one
-// per producer thread (cp.async) on the RoPE slab; slabs 0..6 get none and are never waited
-// for (their count is the warps' all the same).
+// Arrivals on full[stage][slab]: on the tile's barrier (the RoPE slab's) one per producer
+// thread (its RoPE cp.async) and one per producer warp after its last dequantized slab; slabs
+// 0..7 get none and are never waited for.
 __host__ __device__ constexpr int fp8_gathered_full_count(int slab) {
-  return slab < Sm90DecodeConfig::kNopeSlabs ? 4 : 128;
+  return slab == Sm90DecodeConfig::kGatheredTileBarrier ? 128 + 4 : 1;
 }
 
 class Fp8GatherProducer {
@@ -169,13 +169,11 @@ class Fp8GatherProducer {
 #pragma unroll
       for (int j = 0; j + 1 < kLookahead; ++j) raw[j] = raw[j + 1];
       raw[kLookahead - 1] = loaded;
-      // No proxy fence here: it would also wait for the loads in flight (MEMBAR); the
-      // consumers fence after their wait (acquire), before wgmma reads the slab.
-      if (k == C::kGatheredTileFirstWait) {  // the consumers wait for slabs 7 and 8 only
-        __syncwarp();
-        if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm_.full[stage][k]);
-      }
     }
+    // No proxy fence here: it would also wait for the loads in flight (MEMBAR); the consumers
+    // fence after their wait (acquire), before wgmma reads the tile.
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm_.full[stage][C::kGatheredTileBarrier]);
     MLAKIT_SM90_STAMP(kProducerTileIssued);  // here: the last slab converted
     scales = next_scales;
   }

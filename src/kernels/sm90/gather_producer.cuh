@@ -6,14 +6,14 @@
 // Per tile: warp w holds keys 16w..16w+15; lane 8q + c copies 16-byte chunk c of each
 // 128-byte slab row of keys 16w + 4j + q (j < 4), so one warp-wide cp.async reads 4 whole
 // rows (4 cache lines; half rows per thread made it 16 partial lines and took twice as long
-// to issue). Slab by slab the thread arrives on full[stage][slab] through
-// cp.async.mbarrier.arrive.noinc (count 128, + 4 on slab 7 for the masks). The slots of the
+// to issue). After its last copy of the tile the thread arrives on full[stage][8] through
+// cp.async.mbarrier.arrive.noinc (count 128, + 4 for the masks). The slots of the
 // next tile's keys are read while the current tile is copied, and every copy is one
 // instruction (row base in a register, slab and chunk as immediate offsets). Slots outside
 // [0, s_kv), -1 included, and keys past the token's length are zero-filled without a global
 // read and left out of the mask (publish_valid_mask), which each warp's extra arrival on
-// slab 7 releases (the cp.async arrivals do not order the mask write): slab 7 is the first of
-// the two barriers a gathered tile's consumer waits for (Sm90DecodeConfig::kGatheredTileFirstWait).
+// slab 8 releases (the cp.async arrivals do not order the mask write): slab 8's barrier is the
+// one a gathered tile's consumer waits for (Sm90DecodeConfig::kGatheredTileBarrier).
 #pragma once
 
 #include <cstdint>
@@ -25,11 +25,12 @@
 
 namespace mlakit::detail::sm90 {
 
-// Arrivals each full[stage][slab] barrier of a gathered tile expects: the 128 gathering
-// threads' cp.async arrivals, and on slab 7 one ordinary arrival per producer warp after its
-// lane 0 wrote the warp's valid-slot mask.
+// Arrivals each full[stage][slab] barrier of a gathered tile expects: on the tile's barrier
+// (slab 8) the 128 gathering threads' cp.async arrivals and one ordinary arrival per producer
+// warp after its lane 0 wrote the warp's valid-slot mask; the other slabs' barriers are
+// neither arrived at nor waited for.
 __host__ __device__ constexpr int gathered_full_count(int slab) {
-  return 128 + (slab == Sm90DecodeConfig::kGatheredTileFirstWait ? 4 : 0);
+  return slab == Sm90DecodeConfig::kGatheredTileBarrier ? 128 + 4 : 1;
 }
 
 // Lane 0 of each producer warp writes the valid-slot mask of the warp's 16 keys (key 16w + j:
@@ -99,12 +100,12 @@ __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int t
         device::cp_async_16_or_zero(dst + s * C::kSlabBytes + j * 4 * 128 + swizzled, src[j] + s * 128,
                                     valid[j] && (s < C::kNopeSlabs || rope_stored));
       }
-      device::cp_async_mbarrier_arrive_noinc(&sm.full[stage][s]);
     }
+    device::cp_async_mbarrier_arrive_noinc(&sm.full[stage][C::kGatheredTileBarrier]);
     MLAKIT_SM90_STAMP(kProducerTileIssued);
-    // The warp's mask is written before its lane 0's arrival on slab 7 (release) that the
-    // consumer's wait acquires; no producer-wide barrier, so each warp runs on by itself.
-    if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm.full[stage][C::kGatheredTileFirstWait]);
+    // The warp's mask is written before its lane 0's arrival (release) that the consumer's
+    // wait acquires; no producer-wide barrier, so each warp runs on by itself.
+    if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm.full[stage][C::kGatheredTileBarrier]);
     phases ^= 1u << stage;
   }
 }

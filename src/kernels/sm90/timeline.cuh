@@ -22,7 +22,7 @@ enum class TimelineEvent : uint32_t {
   kProducerTileIssued,     // every copy of the tile issued (before the warp's mask arrival)
   kConsumerQLoaded,        // segment start: Q in shared memory
   kConsumerPairStart,
-  kConsumerFirstSlab,      // the first barrier of the consumer's own tile passed (slab group 0; gathered: slab 7)
+  kConsumerFirstSlab,      // the first barrier of the consumer's own tile passed (slab group 0; gathered: its one barrier)
   kConsumerLastSlab,       // full[stage][8] passed: S fully issued
   kConsumerScores,         // S done (wgmma wait)
   kConsumerHandoff,        // the other consumer's P received (bar.sync passed)
@@ -62,13 +62,17 @@ __device__ __forceinline__ void timeline_cta_span(bool end) {
   g_timeline.cta_spans[2 * timeline_linear_cta() + (end ? 1 : 0)] = ns;
 }
 
+// The clock is read before anything that depends on a load: g_timeline's fields can miss L1
+// (the gathers evict it) and wait behind a role's loads in flight, which put stamps up to
+// ~1,000 cycles late when the clock was read after the `cta` test.
 __device__ __forceinline__ void timeline_stamp(TimelineEvent e) {
-  const int64_t cta = timeline_linear_cta() - g_timeline.first_cta;
+  const uint32_t clock = static_cast<uint32_t>(clock64());
   const int warp = threadIdx.x / 32;
   const bool recorder = threadIdx.x % 128 == 0 || (warp < 4 && threadIdx.x % 32 == 0);
-  if (!recorder || cta < 0 || cta >= g_timeline.ctas) return;
+  if (!recorder) return;
+  const int64_t cta = timeline_linear_cta() - g_timeline.first_cta;
+  if (cta < 0 || cta >= g_timeline.ctas) return;
   const int role = threadIdx.x % 128 == 0 ? threadIdx.x / 128 : 2 + warp;
-  const uint32_t clock = static_cast<uint32_t>(clock64());
   const uint32_t n = timeline_count[role];
   if (n < static_cast<uint32_t>(g_timeline.capacity)) {
     g_timeline.records[(static_cast<int64_t>(cta) * kTimelineRoles + role) * g_timeline.capacity + n] =
