@@ -48,13 +48,6 @@ namespace mlakit::detail::sm90 {
 // Internal linkage: one per translation unit, zero-initialised in global memory.
 __device__ __align__(128) const uint8_t kFp8ZeroToken[kFp8TokenBytes] = {};
 
-// Arrivals on full[stage][slab]: on the tile's barrier (the RoPE slab's) one per producer
-// thread (its RoPE cp.async) and one per producer warp after its last dequantized slab; slabs
-// 0..7 get none and are never waited for.
-__host__ __device__ constexpr int fp8_gathered_full_count(int slab) {
-  return slab == Sm90DecodeConfig::kGatheredTileBarrier ? 128 + 4 : 1;
-}
-
 class Fp8GatherProducer {
   using C = Sm90DecodeConfig;
   static_assert(kFp8NopeDim == C::kNopeSlabs * C::kSlabCols, "one quantized slab per V slab");

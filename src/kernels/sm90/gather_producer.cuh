@@ -25,10 +25,11 @@
 
 namespace mlakit::detail::sm90 {
 
-// Arrivals each full[stage][slab] barrier of a gathered tile expects: on the tile's barrier
-// (slab 8) the 128 gathering threads' cp.async arrivals and one ordinary arrival per producer
-// warp after its lane 0 wrote the warp's valid-slot mask; the other slabs' barriers are
-// neither arrived at nor waited for.
+// Arrivals each full[stage][slab] barrier of a gathered tile expects, for both gathering
+// producers (this one and the FP8 decode's): on the tile's barrier (slab 8) the 128 producer
+// threads' cp.async arrivals (all their copies here; the RoPE copy there) and one ordinary
+// arrival per producer warp after its last store and its lane 0's valid-slot mask; the other
+// slabs' barriers are neither arrived at nor waited for.
 __host__ __device__ constexpr int gathered_full_count(int slab) {
   return slab == Sm90DecodeConfig::kGatheredTileBarrier ? 128 + 4 : 1;
 }

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
   if (threadIdx.x == 0) MLAKIT_SM90_CTA_SPAN(false);
-  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return fp8_gathered_full_count(slab); });
+  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_full_count(slab); });
   const PartRange& range = p.part_ranges[blockIdx.z];
   if (threadIdx.x < 128) {
     dev::setmaxnreg_dec<C::kFp8ProducerRegs>();
