@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <stdexcept>
 
@@ -52,9 +53,11 @@ HostSparseCase make_sparse_case(const SparseCaseSpec& spec) {
   c.indices.resize(spec.b * spec.s_q * spec.topk);
   for (size_t i = 0; i < c.indices.size(); ++i) {
     const int kind = static_cast<int>(i % 11);
+    // Invalid slots at both ends of int32 too: the kernels test validity with one unsigned
+    // compare (kernels/mla_decode_params.h, slot_limit).
     c.indices[i] = kind == 3 ? -1
-                 : kind == 7 ? static_cast<int32_t>(tokens + i % 5)
-                 : kind == 9 ? -7
+                 : kind == 7 ? (i % 3 == 0 ? std::numeric_limits<int32_t>::max() : static_cast<int32_t>(tokens + i % 5))
+                 : kind == 9 ? (i % 2 == 0 ? std::numeric_limits<int32_t>::min() : -7)
                  : kind == 5 && i > 0 ? c.indices[i - 1]  // a duplicate of the previous entry
                                       : static_cast<int32_t>(slot(rng));
   }

@@ -149,6 +149,8 @@ MlaDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& a, const Ml
       .indices_stride_b = a.indices.stride[0],
       .indices_stride_s = a.indices.stride[1],
       .attn_sink = a.attn_sink.empty() ? nullptr : static_cast<const float*>(a.attn_sink.data),
+      .slot_limit = sparse_slot_limit(a.kv_cache.shape[0], static_cast<int>(a.kv_cache.shape[1])),
+      .page_divisor = FastDivisor(static_cast<uint32_t>(a.kv_cache.shape[1])),
   };
   attach_plan(plan, &params);
   attach_io(a.q, a.out, a.lse, &params);

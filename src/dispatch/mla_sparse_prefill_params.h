@@ -66,6 +66,8 @@ inline MlaDecodeParams sparse_prefill_params(const MlaSparsePrefillArgs& a, cons
       .max_logits_stride_b = a.max_logits.stride[0],
       .max_logits_stride_h = a.max_logits.stride[1],
       .max_logits_stride_s = 0,
+      .slot_limit = sparse_slot_limit(shape.s_kv, 1),
+      .page_divisor = FastDivisor(1),
   };
 }
 

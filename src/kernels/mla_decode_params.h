@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/decode_schedule.h"
+#include "common/fast_divisor.h"
 
 namespace mlakit::detail {
 
@@ -74,8 +75,17 @@ struct MlaDecodeParams {
   // The plan's no_splits: every sequence has exactly one split, so the kernel writes all final
   // rows itself and launch_mla_decode_combine has nothing to merge or fill (it launches nothing).
   bool no_splits = false;
+  // Sparse modes: slot s is valid iff unsigned(s) < slot_limit (sparse_slot_limit: one
+  // compare that rejects negatives too), in page page_divisor.quotient(s).
+  uint32_t slot_limit = 0;
+  FastDivisor page_divisor;
 };
 
-// Row r of kv head hk holds query token r / heads_per_kv of head hk * heads_per_kv +
-// r % heads_per_kv (the FlashMLA packing: consecutive rows share a query token).
+// The sparse modes' slot_limit: min(num_blocks * page_size, 2^31), so that every int32 slot in
+// [0, num_blocks * page_size) passes and nothing else does.
+inline uint32_t sparse_slot_limit(int64_t num_blocks, int page_size) {
+  const int64_t slots = num_blocks * page_size, int32_slots = int64_t{1} << 31;
+  return static_cast<uint32_t>(slots < int32_slots ? slots : int32_slots);
+}
+
 }  // namespace mlakit::detail

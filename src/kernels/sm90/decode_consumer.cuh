@@ -84,6 +84,12 @@ class Sm90Consumer {
   // tile is copied during this segment's output store.
   __device__ void run_segment(int seq, int L, int key_begin, int key_end, int split, int next_seq = -1) {
     if (!q_issued_) issue_q(seq);
+    // The store reads the split counts; brought into L2 now, they are no DRAM miss then (a
+    // value loaded here would hold registers through the segment).
+    if (!p_.no_splits && p_.split_prefix != nullptr && t_ == 0) {
+      device::prefetch_l2(p_.split_prefix + seq);
+      device::prefetch_l2(p_.partial_prefix + seq);
+    }
     await_q();
     MLAKIT_SM90_STAMP(kConsumerQLoaded);
     lim_[0] = row_limit(r0_, L, key_end);
@@ -538,8 +544,10 @@ class Sm90Consumer {
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
     if (next_seq >= 0) issue_q(next_seq);
     const float sum[2] = {sm_.row_sum[0][r0_] + sm_.row_sum[1][r0_], sm_.row_sum[0][r0_ + 8] + sm_.row_sum[1][r0_ + 8]};
-    // No plan (sparse prefill): every segment is a whole sequence, written directly.
-    const bool direct = p_.split_prefix == nullptr || p_.split_prefix[seq + 1] - p_.split_prefix[seq] == 1;
+    // No plan (sparse prefill) or a plan without splits: every segment is a whole sequence,
+    // written directly (and no load waited for).
+    const bool direct =
+        p_.no_splits || p_.split_prefix == nullptr || p_.split_prefix[seq + 1] - p_.split_prefix[seq] == 1;
     const int64_t slot_row0 =
         (static_cast<int64_t>(direct ? 0 : p_.partial_prefix[seq] + split) * p_.h_kv + hk_) * p_.rows;
     // Final rows in q's dtype go out as 16-byte stores when every row starts 16-byte aligned:

@@ -80,6 +80,9 @@ class Fp8GatherProducer {
       return device::load_s32_or(listed + key, i < tiles && key < key_end, -1);
     };
     int64_t offset = slot_offset(p_, slot_of_tile(0));
+    // The loop prefetches each next tile's tokens into L2; the first tile's too, so that its
+    // slabs 2..7 do not each wait for DRAM behind the two-slab lookahead.
+    prefetch_token_l2(token(offset));
     int32_t next_slot = slot_of_tile(1);
     RawSlab raw[kLookahead];
     float4 scales = load_scales(token(offset));

@@ -74,7 +74,7 @@ __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int t
     uint32_t warp_mask = 0;
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
-      const int64_t offset = slot_offset(p, next_slot[j]);
+      const int64_t offset = row_slot_offset(p, next_slot[j]);
       next_slot[j] = slot_of(i + 1, j);
       valid[j] = offset >= 0;
       src[j] = kv + (valid[j] ? offset * static_cast<int64_t>(sizeof(Elem)) : 0);
