@@ -48,6 +48,9 @@ struct Sm90DecodeConfig {
   // it stored (gather_producer.cuh, fp8_gather_producer.cuh). The consumer waits once per tile:
   // a wait on a complete barrier costs it ~100 cycles and more, on its critical path.
   static constexpr int kGatheredTileBarrier = kSlabs - 1;
+  // Gathering producers that copy by cp.async (the sparse prefill's) also complete the tile's
+  // low half (slabs 0..3) on slab 3's barrier, so S can start there (kGatheredHalves).
+  static constexpr int kGatheredLowHalfBarrier = kFirstHighSlab - 1;
   // TMA tiles: S streams behind the tile's load in groups of slabs, each group's boxes
   // completing on the barrier of its last slab (one wait per group: a wait costs the consumer
   // ~100 cycles even on a complete barrier). Groups stay within the stage halves. H100, same

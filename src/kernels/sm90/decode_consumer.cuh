@@ -55,7 +55,13 @@ namespace dev = mlakit::device::sm90;
 //
 // kMaxLogits: the kernel writes max_logits (sparse prefill), so each consumer also tracks the
 // true max logit of its rows (the reference max of the exponents may lag it).
-template <typename Elem, bool kGathered = false, bool kPvA1First = false, bool kMaxLogits = false>
+//
+// kGatheredHalves (gathered tiles only): the producer also completes a tile's low half on
+// its own barrier (Sm90DecodeConfig::kGatheredLowHalfBarrier), and S starts on slabs 0..3
+// while slabs 4..8 are still landing (the sparse prefill, whose tile B lands on its
+// consumer's critical path; the FP8 decode converts slab by slab and waits once).
+template <typename Elem, bool kGathered = false, bool kPvA1First = false, bool kMaxLogits = false,
+          bool kGatheredHalves = false>
 class Sm90Consumer {
   using C = Sm90DecodeConfig;
   using Ops = device::ElemOps<Elem>;
@@ -314,7 +320,16 @@ class Sm90Consumer {
     prepare_tile(stage, tile_start, key_end);
     const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[0][0]), 16, 1024));
     const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage][0][0]), 16, 1024));
-    if constexpr (kGathered) {
+    if constexpr (kGathered && kGatheredHalves) {
+      await_slabs(stage, C::kGatheredLowHalfBarrier, C::kGatheredLowHalfBarrier + 1);
+      dev::fence_proxy_async_smem();
+      dev::wgmma_fence();
+      issue_score_slabs(s, q_desc, k_desc, 0, C::kFirstHighSlab);
+      await_slabs(stage, C::kGatheredTileBarrier, C::kSlabs);
+      dev::fence_proxy_async_smem();
+      dev::wgmma_fence();
+      issue_score_slabs(s, q_desc, k_desc, C::kFirstHighSlab, C::kSlabs);
+    } else if constexpr (kGathered) {
       await_tile(stage);
       dev::fence_proxy_async_smem();
       dev::wgmma_fence();

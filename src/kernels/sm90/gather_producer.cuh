@@ -6,8 +6,10 @@
 // Per tile: warp w holds keys 16w..16w+15; lane 8q + c copies 16-byte chunk c of each
 // 128-byte slab row of keys 16w + 4j + q (j < 4), so one warp-wide cp.async reads 4 whole
 // rows (4 cache lines; half rows per thread made it 16 partial lines and took twice as long
-// to issue). After its last copy of the tile the thread arrives on full[stage][8] through
-// cp.async.mbarrier.arrive.noinc (count 128, + 4 for the masks). The slots of the
+// to issue). After its copies of slabs 0..3 the thread arrives on full[stage][3] (count 128),
+// after its last copy of the tile on full[stage][8] (count 128, + 4 for the masks), both
+// through cp.async.mbarrier.arrive.noinc: the consumers start S on the low half while the high
+// half lands (kGatheredHalves; H100, same call, h_q 64: 1-2% faster). The slots of the
 // next tile's keys are read while the current tile is copied, and every copy is one
 // instruction (row base in a register, slab and chunk as immediate offsets). Slots outside
 // [0, s_kv), -1 included, and keys past the token's length are zero-filled without a global
@@ -32,6 +34,12 @@ namespace mlakit::detail::sm90 {
 // slabs' barriers are neither arrived at nor waited for.
 __host__ __device__ constexpr int gathered_full_count(int slab) {
   return slab == Sm90DecodeConfig::kGatheredTileBarrier ? 128 + 4 : 1;
+}
+
+// This producer also completes each tile's low half on its own barrier (the 128 threads'
+// cp.async arrivals after slab 3), for consumers that stream S by halves (kGatheredHalves).
+__host__ __device__ constexpr int gathered_halves_full_count(int slab) {
+  return slab == Sm90DecodeConfig::kGatheredLowHalfBarrier ? 128 : gathered_full_count(slab);
 }
 
 // Lane 0 of each producer warp writes the valid-slot mask of the warp's 16 keys (key 16w + j:
@@ -92,6 +100,8 @@ __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int t
 #pragma unroll
     for (int s = 0; s < C::kSlabs; ++s) {
       if (s == C::kFirstHighSlab) {  // slabs 4..8 once the stage's other half is free too
+        // The low half completes on its own barrier, so S can start on it.
+        device::cp_async_mbarrier_arrive_noinc(&sm.full[stage][C::kGatheredLowHalfBarrier]);
         dev::mbarrier_wait(&sm.empty[stage][C::kHighSlabs], parity);
         MLAKIT_SM90_STAMP(kProducerStageHighFree);
       }

@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   using C = Sm90DecodeConfig;
   extern __shared__ uint8_t smem_raw[];
   MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
-  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_full_count(slab); });
+  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_halves_full_count(slab); });
   const int row_tiles = (p.rows + C::kRows - 1) / C::kRows;
   const int seq = static_cast<int>(blockIdx.x / row_tiles), tile = static_cast<int>(blockIdx.x % row_tiles);
   const int L = p.lengths(seq);
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     }
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Sm90Consumer<Elem, /*kGathered=*/true, /*kPvA1First=*/false, /*kMaxLogits=*/true> consumer(
+    Sm90Consumer<Elem, /*kGathered=*/true, /*kPvA1First=*/false, /*kMaxLogits=*/true, /*kGatheredHalves=*/true> consumer(
         p, sm, tile, 0, q_by_tma ? &q_map : nullptr);
     consumer.run_segment(seq, L, 0, L, 0);
   }
