@@ -63,6 +63,7 @@ namespace dev = mlakit::device::sm90;
 template <typename Elem, bool kGathered = false, bool kPvA1First = false, bool kMaxLogits = false,
           bool kGatheredHalves = false>
 class Sm90Consumer {
+  static_assert(kGathered || !kGatheredHalves, "kGatheredHalves needs a gathering producer");
   using C = Sm90DecodeConfig;
   using Ops = device::ElemOps<Elem>;
   using Mma64 = device::sm90::Wgmma<64, Elem>;
@@ -320,7 +321,7 @@ class Sm90Consumer {
     prepare_tile(stage, tile_start, key_end);
     const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[0][0]), 16, 1024));
     const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage][0][0]), 16, 1024));
-    if constexpr (kGathered && kGatheredHalves) {
+    if constexpr (kGatheredHalves) {
       await_slabs(stage, C::kGatheredLowHalfBarrier, C::kGatheredLowHalfBarrier + 1);
       dev::fence_proxy_async_smem();
       dev::wgmma_fence();
