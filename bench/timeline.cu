@@ -136,6 +136,12 @@ int main(int argc, char** argv) {
 
   std::map<std::string, Stat> stats;
   auto add = [&](const char* name, double cycles) { stats[name].add(cycles); };
+  // A pair's anatomy: every event of pair k (and the producer's tiles 2k .. 2k + 2) relative
+  // to consumer 0's pair start, listed by mean time, so the critical chain reads top to bottom.
+  std::map<std::string, Stat> anatomy;
+  auto mark = [&](const std::string& name, uint32_t clock, uint32_t t0_pair) {
+    anatomy[name].add(static_cast<int32_t>(clock - t0_pair));
+  };
   const int tiles = kTopk / C::kKeys, pairs = tiles / 2, skip = 2;
   for (int cta = 0; cta < traced; ++cta) {
     RoleTrace role[timeline_tool::kRoles];
@@ -182,6 +188,30 @@ int main(int argc, char** argv) {
         add((cw + "own tile: issued -> last slab landed").c_str(), static_cast<int32_t>(last[k] - issued[tile]));
       }
     }
+    const auto c0_start = role[1].at(TimelineEvent::kConsumerPairStart);
+    for (int k = skip; k < pairs - skip; ++k) {
+      const uint32_t t0_pair = c0_start[k];
+      for (int i = 2 * k; i <= 2 * k + 2 && i < tiles; ++i) {
+        const std::string tile = i == 2 * k ? "A" : (i == 2 * k + 1 ? "B" : "A'");
+        mark("P  tile " + tile + ": low half free", low_free[i], t0_pair);
+        mark("P  tile " + tile + ": high half free", high_free[i], t0_pair);
+        mark("P  tile " + tile + ": issued", issued[i], t0_pair);
+      }
+      for (int w = 0; w < 2; ++w) {
+        const std::string cw = "C" + std::to_string(w) + " ";
+        for (const TimelineEvent e :
+             {TimelineEvent::kConsumerPairStart, TimelineEvent::kConsumerFirstSlab, TimelineEvent::kConsumerLastSlab,
+              TimelineEvent::kConsumerScores, TimelineEvent::kConsumerHandoff, TimelineEvent::kConsumerPublished,
+              TimelineEvent::kConsumerPairEnd, TimelineEvent::kConsumerHighIssued, TimelineEvent::kConsumerRowMax,
+              TimelineEvent::kConsumerExpDone}) {
+          const auto at = role[1 + w].at(e);
+          // A lone consumer-1 pair has no hand-off of its own P: events absent there are skipped.
+          std::string name = timeline_tool::event_name(e);
+          if (name.rfind("C  ", 0) == 0) name.erase(0, 3);  // "C  S done" -> "S done"
+          if (static_cast<int>(at.size()) >= pairs) mark(cw + name, at[k], t0_pair);
+        }
+      }
+    }
     if (cta == 0) {
       std::printf("\nCTA %d, pairs %d..%d (cycles from the producer's first record):\n", buffer.first_cta, skip,
                   skip + 1);
@@ -202,6 +232,14 @@ int main(int argc, char** argv) {
   std::printf("\n%-48s %10s %10s %10s\n", "interval (cycles)", "mean", "min", "max");
   for (const auto& [name, s] : stats) {
     std::printf("%-48s %10.0f %10.0f %10.0f\n", name.c_str(), s.sum / s.n, s.lo, s.hi);
+  }
+  std::vector<std::pair<double, std::string>> order;
+  for (const auto& [name, s] : anatomy) order.emplace_back(s.sum / s.n, name);
+  std::sort(order.begin(), order.end());
+  std::printf("\n%-48s %10s %10s %10s\n", "pair anatomy (cycles from C0's pair start)", "mean", "min", "max");
+  for (const auto& [mean, name] : order) {
+    const Stat& s = anatomy[name];
+    std::printf("%-48s %10.0f %10.0f %10.0f\n", name.c_str(), mean, s.lo, s.hi);
   }
   std::printf("(events: 0 low free, 1 high free, 2 issued, 3 Q loaded, 4 pair start, 5 first slab, 6 last slab, "
               "7 S done, 8 handoff, 9 pair end, 10 stored)\n");

@@ -31,6 +31,9 @@ inline const char* event_name(TimelineEvent e) {
     case TimelineEvent::kConsumerPairEnd: return "C  pair end";
     case TimelineEvent::kConsumerStored: return "C  stored";
     case TimelineEvent::kConsumerPublished: return "C  P published";
+    case TimelineEvent::kConsumerHighIssued: return "C  S high half issued";
+    case TimelineEvent::kConsumerRowMax: return "C  row max";
+    case TimelineEvent::kConsumerExpDone: return "C  P in registers";
   }
   return "?";
 }

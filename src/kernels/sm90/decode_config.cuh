@@ -37,6 +37,7 @@ struct Sm90DecodeConfig {
   static constexpr uint32_t kBarP0Ready = 2;    // consumer 0 arrives, consumer 1 syncs
   static constexpr uint32_t kBarP1Ready = 3;    // consumer 1 arrives, consumer 0 syncs
   static constexpr uint32_t kBarZeroed = 4;     // + w: one consumer's zeroed cache rows
+  static constexpr uint32_t kBarMaxAReady = 6;  // consumer 0 arrives with m_A, consumer 1 syncs (PairOrder::kSoftmaxBFirst)
 
   // The halves of a stage that are released separately (Sm90DecodeSmem::empty).
   static constexpr int kLowSlabs = 0;   // V slabs 0..3: consumer 0's P·V columns
@@ -120,7 +121,10 @@ __host__ __device__ constexpr uint32_t empty_count(int stage, int half) {
 template <typename FullCount>
 __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, FullCount full_count) {
   using C = Sm90DecodeConfig;
-  auto& sm = *reinterpret_cast<Sm90DecodeSmem*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+  // Aligned by pointer arithmetic on raw (not through an integer), so the compiler still sees a
+  // shared-memory pointer and the fields' loads and stores are LDS / STS, not generic LD / ST.
+  const uint32_t misalignment = device::sm90::smem_u32(raw) & 1023u;
+  auto& sm = *reinterpret_cast<Sm90DecodeSmem*>(raw + ((1024u - misalignment) & 1023u));
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       for (int slab = 0; slab < C::kSlabs; ++slab) device::sm90::mbarrier_init(&sm.full[s][slab], full_count(slab));

@@ -43,15 +43,29 @@ namespace mlakit::detail::sm90 {
 
 namespace dev = mlakit::device::sm90;
 
+// Consumer 1's order within a pair of tiles.
+enum class PairOrder {
+  // S_B is issued first; once P_A is published, P_A V_A,1 runs while softmax B is computed
+  // (the dense decode).
+  kPvA1DuringSoftmaxB,
+  // Consumer 1 takes the P_A hand-off and issues P_A V_A,1 before S_B, so P_A V_A,1 runs while
+  // a late tile B lands. Measured on the H200 (2026-11-22): FP8 sparse decode h_q 64 topk 2048
+  // 257 vs 270 us, h_q 128 neutral; the sparse prefill 8% slower (S_B, on its critical path,
+  // starts later).
+  kPvA1First,
+  // Consumer 0 publishes m_A as soon as its row max is known, before its exponentials, and
+  // consumer 1 runs softmax B as soon as S_B is done instead of after the P_A hand-off: the
+  // two softmaxes overlap rather than follow each other; P_A V_A,1 and P_B V_B,1 come after
+  // (the sparse prefill, where the tile-B chain S_B -> softmax B -> P_B V_B,0 sets the pair).
+  kSoftmaxBFirst,
+};
+
 // kGathered: keys come from a gathering producer (sparse prefill, sparse FP8 decode) with a
 // valid-slot mask per tile; false for the paged dense decode (no mask code at all: registers
 // are tight). Scheduled sequence seq addresses q / out / lse through seq_offset (the sparse
 // decode schedules one sequence per (batch entry, query token)).
 //
-// kPvA1First: consumer 1 takes the P_A hand-off and issues P_A V_A,1 before S_B instead of
-// after it, so P_A V_A,1 runs while a late tile B lands. Measured on the H200 (2026-11-22):
-// FP8 sparse decode h_q 64 topk 2048 257 vs 270 us, h_q 128 neutral; the sparse prefill 8%
-// slower (S_B, on its critical path, starts later), the dense decode not tried.
+// Order: consumer 1's order within a pair (PairOrder, below).
 //
 // kMaxLogits: the kernel writes max_logits (sparse prefill), so each consumer also tracks the
 // true max logit of its rows (the reference max of the exponents may lag it).
@@ -60,8 +74,8 @@ namespace dev = mlakit::device::sm90;
 // its own barrier (Sm90DecodeConfig::kGatheredLowHalfBarrier), and S starts on slabs 0..3
 // while slabs 4..8 are still landing (the sparse prefill, whose tile B lands on its
 // consumer's critical path; the FP8 decode converts slab by slab and waits once).
-template <typename Elem, bool kGathered = false, bool kPvA1First = false, bool kMaxLogits = false,
-          bool kGatheredHalves = false>
+template <typename Elem, bool kGathered = false, PairOrder kOrder = PairOrder::kPvA1DuringSoftmaxB,
+          bool kMaxLogits = false, bool kGatheredHalves = false>
 class Sm90Consumer {
   static_assert(kGathered || !kGatheredHalves, "kGatheredHalves needs a gathering producer");
   using C = Sm90DecodeConfig;
@@ -134,7 +148,17 @@ class Sm90Consumer {
     MLAKIT_SM90_STAMP(kConsumerScores);
     release(0, C::kHighSlabs);  // S_A was this consumer's last read of slabs 4..8 of stage 0
     float m_a[2], sum_a[2];
-    softmax(s, start_a, m_a, sum_a);
+    if constexpr (kOrder == PairOrder::kSoftmaxBFirst) {
+      float mx[2];
+      scaled_logits(s, start_a, mx);
+      reference_max(mx, m_, m_a);
+      publish_row_max(m_a);  // publish below stores the same values again
+      dev::named_barrier_arrive(C::kBarMaxAReady, C::kConsumerThreads);
+      dev::fence_registers(s);  // the exponentials after the arrival (see pair_consumer1)
+      exponentiate(s, m_a, sum_a);
+    } else {
+      softmax(s, start_a, m_a, sum_a);
+    }
     publish(s, m_a, C::kBarP0Ready);
     rescale(m_a);  // no wgmma pending on O: the wait above covered them
     add_sums(sum_a);
@@ -151,9 +175,10 @@ class Sm90Consumer {
     if (has_b) {
       dev::named_barrier_sync(C::kBarP1Ready, C::kConsumerThreads);
       MLAKIT_SM90_STAMP(kConsumerHandoff);
-      if constexpr (kGathered) dev::fence_proxy_async_smem();  // V_B came by cp.async
+      if constexpr (kGathered) dev::fence_proxy_async_acquire_smem();  // V_B came by cp.async
       bad_ |= sm_.stage_bad[1] != 0;
-      const float m_b[2] = {sm_.row_max[1][r0_], sm_.row_max[1][r0_ + 8]};
+      float m_b[2];
+      read_row_max(1, m_b);
       rescale(m_b);
       issue_values_ss(sm_.kv[1][C::kNopeSlabs], 1);
       dev::wgmma_wait<0>();
@@ -166,6 +191,7 @@ class Sm90Consumer {
   __device__ void pair_consumer1(int start_a, bool has_b, int key_end) {
     if (!has_b) {  // lone tile A: only its P·V for this consumer's columns
       float m_a[2];
+      if constexpr (kOrder == PairOrder::kSoftmaxBFirst) await_row_max_a(m_a);
       receive_tile_a(m_a);
       rescale(m_a);
       issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
@@ -177,7 +203,34 @@ class Sm90Consumer {
     const int start_b = start_a + C::kKeys;
     float s[32];
     float m_a[2], m_b[2], sum_b[2];
-    if constexpr (kPvA1First) {
+    if constexpr (kOrder == PairOrder::kSoftmaxBFirst) {
+      bad_ |= issue_scores(s, 1, start_b, key_end);
+      dev::wgmma_wait<0>();
+      dev::fence_registers(s);
+      MLAKIT_SM90_STAMP(kConsumerScores);
+      release(1, C::kLowSlabs);  // S_B was this consumer's last read of slabs 0..3 of stage 1
+      float mx[2];
+      scaled_logits(s, start_b, mx);
+      // Register fences pin the softmax between the barrier waits: the compiler otherwise sank
+      // the logits and the exponentials below both waits (register-only work is free to move
+      // across a bar.sync), which serialised softmax B behind softmax A again.
+      dev::fence_registers(s);
+      dev::fence_registers(mx);
+      await_row_max_a(m_a);
+      reference_max(mx, m_a, m_b);
+      exponentiate(s, m_b, sum_b);
+      dev::fence_registers(s);
+      // P_A is taken before P_B is published: consumer 0 publishes the next pair's m_A and P_A
+      // only after it has P_B, so each named barrier completes once per pair.
+      receive_tile_a(m_a);
+      MLAKIT_SM90_STAMP(kConsumerHandoff);
+      publish(s, m_b, C::kBarP1Ready);
+      rescale(m_a);  // no wgmma in flight
+      issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
+      dev::wgmma_wait<0>();  // O moves on to m_B next
+      dev::fence_registers(o_);
+      release(0, C::kHighSlabs);
+    } else if constexpr (kOrder == PairOrder::kPvA1First) {
       // P_A V_A,1 runs while tile B lands, and frees stage 0 sooner.
       receive_tile_a(m_a);
       MLAKIT_SM90_STAMP(kConsumerHandoff);
@@ -221,13 +274,24 @@ class Sm90Consumer {
     release(1, C::kHighSlabs);
   }
 
-  // Consumer 1's side of the tile-A hand-off: P_A is in shared memory, m_A returned.
+  // Consumer 1's side of the tile-A hand-off: P_A is in shared memory, m_A returned (taken
+  // before, by await_row_max_a, in the kSoftmaxBFirst order).
   __device__ void receive_tile_a(float (&m_a)[2]) {
     dev::named_barrier_sync(C::kBarP0Ready, C::kConsumerThreads);
-    if constexpr (kGathered) dev::fence_proxy_async_smem();  // V_A came by cp.async
+    if constexpr (kGathered) dev::fence_proxy_async_acquire_smem();  // V_A came by cp.async
     bad_ |= sm_.stage_bad[0] != 0;
-    m_a[0] = sm_.row_max[0][r0_];
-    m_a[1] = sm_.row_max[0][r0_ + 8];
+    if constexpr (kOrder != PairOrder::kSoftmaxBFirst) read_row_max(0, m_a);
+  }
+
+  // Consumer 1 in the kSoftmaxBFirst order: m_A, published before P_A.
+  __device__ void await_row_max_a(float (&m_a)[2]) {
+    dev::named_barrier_sync(C::kBarMaxAReady, C::kConsumerThreads);
+    read_row_max(0, m_a);
+  }
+
+  __device__ void read_row_max(int consumer, float (&m)[2]) const {
+    m[0] = sm_.row_max[consumer][r0_];
+    m[1] = sm_.row_max[consumer][r0_ + 8];
   }
 
   // ---- pieces ---------------------------------------------------------------------------
@@ -310,29 +374,32 @@ class Sm90Consumer {
   //   TMA tiles: each slab group's k-steps as soon as that group has landed (S overlaps the
   //   tile's own load).
   //   Gathered tiles (st.shared, cp.async: the generic proxy) need a proxy fence between the
-  //   wait and the wgmma reads: the whole tile is waited for, then one fence. With a fence per
-  //   slab the S issue took ~2,200 cycles of a ready tile (FP8 sparse decode timeline, H100),
-  //   as if each fence waited for the k-steps already issued, and the kernel ran 10% longer
-  //   (b=128 h_q=128 topk=2048: 409 vs 449 us, same call); a fence with no wgmma in flight
-  //   is cheap (dropping the hand-off ones gained 0.5%). One fence per stage half (slabs
-  //   0..3, 4..8) measured 1% faster in the decode but made ptxas serialise the sparse
-  //   prefill's wgmmas (C7520).
+  //   wait and the wgmma reads. It is the reader's acquire proxy fence
+  //   (fence_proxy_async_acquire_smem), which ptxas turns into a NOP; the bidirectional
+  //   fence.proxy.async is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, and the MEMBAR waits for the
+  //   warpgroup's wgmmas in flight: one per slab made the S issue take ~2,200 cycles of a ready
+  //   tile (FP8 sparse decode, H100). Swapping the four consumer-side fences of the sparse
+  //   prefill for the acquire one: h_q 64 s_kv 8192 1,896-1,899 vs 1,948-1,956 us, FP8 decode
+  //   b=128 358.8-360.5 vs 361.7-364.0 us (H100, same call, three rounds). One fence per
+  //   stage half (slabs 0..3, 4..8) made ptxas serialise the sparse prefill's wgmmas (C7520)
+  //   without the second wgmma_fence.
   __device__ bool issue_scores(float (&s)[32], int stage, int tile_start, int key_end) {
     prepare_tile(stage, tile_start, key_end);
     const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[0][0]), 16, 1024));
     const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage][0][0]), 16, 1024));
     if constexpr (kGatheredHalves) {
       await_slabs(stage, C::kGatheredLowHalfBarrier, C::kGatheredLowHalfBarrier + 1);
-      dev::fence_proxy_async_smem();
+      dev::fence_proxy_async_acquire_smem();
       dev::wgmma_fence();
       issue_score_slabs(s, q_desc, k_desc, 0, C::kFirstHighSlab);
       await_slabs(stage, C::kGatheredTileBarrier, C::kSlabs);
-      dev::fence_proxy_async_smem();
+      dev::fence_proxy_async_acquire_smem();
       dev::wgmma_fence();
       issue_score_slabs(s, q_desc, k_desc, C::kFirstHighSlab, C::kSlabs);
+      MLAKIT_SM90_STAMP(kConsumerHighIssued);
     } else if constexpr (kGathered) {
       await_tile(stage);
-      dev::fence_proxy_async_smem();
+      dev::fence_proxy_async_acquire_smem();
       dev::wgmma_fence();
       issue_score_slabs(s, q_desc, k_desc, 0, C::kSlabs);
     } else {
@@ -367,7 +434,10 @@ class Sm90Consumer {
 #pragma unroll
     for (int slab = first; slab < end; ++slab) {
       dev::mbarrier_wait(&sm_.full[stage][slab], phase_);
-      if (slab == (kGathered ? C::kGatheredTileBarrier : C::group_last_slab(0))) MLAKIT_SM90_STAMP(kConsumerFirstSlab);
+      constexpr int kFirstBarrier = kGatheredHalves ? C::kGatheredLowHalfBarrier
+                                    : kGathered     ? C::kGatheredTileBarrier
+                                                    : C::group_last_slab(0);
+      if (slab == kFirstBarrier) MLAKIT_SM90_STAMP(kConsumerFirstSlab);
       if (slab == C::kSlabs - 1) MLAKIT_SM90_STAMP(kConsumerLastSlab);
     }
   }
@@ -417,10 +487,19 @@ class Sm90Consumer {
   // 2(lane % 4) + (i & 1)) -> scaled and masked logits, the new running max m_new =
   // max(m, rowmax) and P = 2^(S - m_new) in place, with this thread's row sums of P.
   __device__ void softmax(float (&s)[32], int tile_start, float (&m_new)[2], float (&sum)[2]) {
+    float mx[2];
+    scaled_logits(s, tile_start, mx);
+    reference_max(mx, m_, m_new);
+    exponentiate(s, m_new, sum);
+  }
+
+  // S -> scaled logits in place (-inf where the key is not visible), with the rows' max (over
+  // the quad: every lane of a row gets it).
+  __device__ void scaled_logits(float (&s)[32], int tile_start, float (&mx)[2]) {
     // Gathered keys (sparse prefill): the producer's mask of the slots that were valid.
     uint32_t listed = ~0u;  // bit 2 (i >> 2) + (i & 1): the key of score register i
     if constexpr (kGathered) listed = gathered_mask(w_);
-    float mx[2] = {-INFINITY, -INFINITY};
+    mx[0] = mx[1] = -INFINITY;
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int col = 8 * (i >> 2) + 2 * (lane_ % 4) + (i & 1);
@@ -437,10 +516,23 @@ class Sm90Consumer {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
       if constexpr (kMaxLogits) max_logit_[h] = fmaxf(max_logit_[h], mx[h]);
-      // The reference max moves only when a row's max passes it by more than kRescaleSlack
-      // (P then stays <= 2^kRescaleSlack), so O is rarely rescaled.
-      m_new[h] = mx[h] > m_[h] + kRescaleSlack ? mx[h] : m_[h];
     }
+#ifdef MLAKIT_SM90_TIMELINE
+    dev::fence_registers(mx);
+#endif
+    MLAKIT_SM90_STAMP(kConsumerRowMax);
+  }
+
+  // The reference max of the exponents after a tile with row max mx, from the reference ref
+  // before it: it moves only when a row's max passes ref by more than kRescaleSlack (P then
+  // stays <= 2^kRescaleSlack), so O is rarely rescaled.
+  __device__ static void reference_max(const float (&mx)[2], const float (&ref)[2], float (&m_new)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m_new[h] = mx[h] > ref[h] + kRescaleSlack ? mx[h] : ref[h];
+  }
+
+  // Scaled logits -> P = 2^(S - m_new) in place, with this thread's row sums of P.
+  __device__ static void exponentiate(float (&s)[32], const float (&m_new)[2], float (&sum)[2]) {
     sum[0] = sum[1] = 0.f;
     // A row with no visible key so far keeps max -inf and every logit -inf: P = 2^-inf = 0.
     const float base[2] = {m_new[0] == -INFINITY ? 0.f : m_new[0], m_new[1] == -INFINITY ? 0.f : m_new[1]};
@@ -450,6 +542,10 @@ class Sm90Consumer {
       s[i] = device::fast_exp2(s[i] - base[h]);
       sum[h] += s[i];
     }
+#ifdef MLAKIT_SM90_TIMELINE
+    dev::fence_registers(s);  // the stamp after the exponentials, not among them
+#endif
+    MLAKIT_SM90_STAMP(kConsumerExpDone);
   }
 
   // The valid-slot bits of the gathered tile in `stage` for this thread's 16 score columns
@@ -461,6 +557,15 @@ class Sm90Consumer {
 #pragma unroll
     for (int j = 0; j < 8; ++j) bits |= static_cast<uint32_t>((words >> (8 * j)) & 3u) << (2 * j);
     return bits;
+  }
+
+  // The reference max of this consumer's tile for the other consumer (released by the next
+  // named-barrier arrival): in publish, or before it where m_A goes out ahead of P_A.
+  __device__ void publish_row_max(const float (&m_new)[2]) {
+    if (lane_ % 4 == 0) {
+      sm_.row_max[w_][r0_] = m_new[0];
+      sm_.row_max[w_][r0_ + 8] = m_new[1];
+    }
   }
 
   // Writes P (q's dtype, 128B-swizzled [64 rows][64 keys]) over the RoPE slab of this
@@ -479,10 +584,7 @@ class Sm90Consumer {
                        Ops::pack(s[8 * k + 2], s[8 * k + 3]), Ops::pack(s[8 * k + 4], s[8 * k + 5]),
                        Ops::pack(s[8 * k + 6], s[8 * k + 7]));
     }
-    if (lane_ % 4 == 0) {
-      sm_.row_max[w_][r0_] = m_new[0];
-      sm_.row_max[w_][r0_ + 8] = m_new[1];
-    }
+    publish_row_max(m_new);
     dev::fence_proxy_async_smem();
     dev::named_barrier_arrive(barrier, C::kConsumerThreads);
     MLAKIT_SM90_STAMP(kConsumerPublished);

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     });
   } else {
     dev::setmaxnreg_inc<C::kFp8ConsumerRegs>();
-    Sm90Consumer<__nv_bfloat16, /*kGathered=*/true, /*kPvA1First=*/true> consumer(p, sm, blockIdx.x, 0,
+    Sm90Consumer<__nv_bfloat16, /*kGathered=*/true, PairOrder::kPvA1First> consumer(p, sm, blockIdx.x, 0,
                                                                                     q_by_tma ? &q_map : nullptr);
     consumer.run_part(range);
     if (threadIdx.x == 128) MLAKIT_SM90_CTA_SPAN(true);

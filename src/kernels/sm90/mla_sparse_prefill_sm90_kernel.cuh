@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     }
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Sm90Consumer<Elem, /*kGathered=*/true, /*kPvA1First=*/false, /*kMaxLogits=*/true, /*kGatheredHalves=*/true> consumer(
+    Sm90Consumer<Elem, /*kGathered=*/true, PairOrder::kSoftmaxBFirst, /*kMaxLogits=*/true, /*kGatheredHalves=*/true> consumer(
         p, sm, tile, 0, q_by_tma ? &q_map : nullptr);
     consumer.run_segment(seq, L, 0, L, 0);
   }

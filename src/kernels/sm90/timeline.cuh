@@ -29,6 +29,9 @@ enum class TimelineEvent : uint32_t {
   kConsumerPairEnd,
   kConsumerStored,         // segment outputs written
   kConsumerPublished,      // own P tile and row max published to the other consumer
+  kConsumerHighIssued,     // gathered halves: S over the tile's high half issued
+  kConsumerRowMax,         // softmax: scaled logits and row max done
+  kConsumerExpDone,        // softmax: P and row sums in registers
 };
 
 inline constexpr int kTimelineRoles = 6;  // producer warp 0, consumers 0 and 1, producer warps 1..3
