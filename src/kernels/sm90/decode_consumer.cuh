@@ -191,8 +191,12 @@ class Sm90Consumer {
   __device__ void pair_consumer1(int start_a, bool has_b, int key_end) {
     if (!has_b) {  // lone tile A: only its P·V for this consumer's columns
       float m_a[2];
-      if constexpr (kOrder == PairOrder::kSoftmaxBFirst) await_row_max_a(m_a);
-      receive_tile_a(m_a);
+      if constexpr (kOrder == PairOrder::kSoftmaxBFirst) {
+        await_row_max_a(m_a);
+        receive_p_a();
+      } else {
+        receive_tile_a(m_a);
+      }
       rescale(m_a);
       issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
       dev::wgmma_wait<0>();
@@ -222,7 +226,7 @@ class Sm90Consumer {
       dev::fence_registers(s);
       // P_A is taken before P_B is published: consumer 0 publishes the next pair's m_A and P_A
       // only after it has P_B, so each named barrier completes once per pair.
-      receive_tile_a(m_a);
+      receive_p_a();
       MLAKIT_SM90_STAMP(kConsumerHandoff);
       publish(s, m_b, C::kBarP1Ready);
       rescale(m_a);  // no wgmma in flight
@@ -274,13 +278,17 @@ class Sm90Consumer {
     release(1, C::kHighSlabs);
   }
 
-  // Consumer 1's side of the tile-A hand-off: P_A is in shared memory, m_A returned (taken
-  // before, by await_row_max_a, in the kSoftmaxBFirst order).
-  __device__ void receive_tile_a(float (&m_a)[2]) {
+  // Consumer 1's side of the tile-A hand-off: P_A is in shared memory.
+  __device__ void receive_p_a() {
     dev::named_barrier_sync(C::kBarP0Ready, C::kConsumerThreads);
     if constexpr (kGathered) dev::fence_proxy_async_acquire_smem();  // V_A came by cp.async
     bad_ |= sm_.stage_bad[0] != 0;
-    if constexpr (kOrder != PairOrder::kSoftmaxBFirst) read_row_max(0, m_a);
+  }
+
+  // The hand-off with m_A, published together with P_A (every order but kSoftmaxBFirst).
+  __device__ void receive_tile_a(float (&m_a)[2]) {
+    receive_p_a();
+    read_row_max(0, m_a);
   }
 
   // Consumer 1 in the kSoftmaxBFirst order: m_A, published before P_A.
