@@ -99,15 +99,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// The reader's side of the same hand-off: after an acquire (an mbarrier wait or a named
-// barrier) that made other threads' generic-proxy shared-memory writes (cp.async data)
-// visible, the unidirectional acquire proxy fence makes them visible to this thread's later
-// async-proxy reads (wgmma operands). PTX ISA 9.7.13.4, fence.proxy.async::generic.acquire
-// (sm_90, PTX ISA 8.6).
-__device__ __forceinline__ void fence_proxy_async_acquire_smem() {
-  asm volatile("fence.proxy.async::generic.acquire.sync_restrict::shared::cluster.cluster;\n" ::: "memory");
-}
-
 // bar.sync id, n (PTX ISA 9.7.13.1): named barrier over `threads` threads (multiple of 32).
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -175,7 +175,7 @@ class Sm90Consumer {
     if (has_b) {
       dev::named_barrier_sync(C::kBarP1Ready, C::kConsumerThreads);
       MLAKIT_SM90_STAMP(kConsumerHandoff);
-      if constexpr (kGathered) dev::fence_proxy_async_acquire_smem();  // V_B came by cp.async
+      if constexpr (kGathered) dev::fence_proxy_async_smem();  // V_B: generic-proxy writes (issue_scores says why)
       bad_ |= sm_.stage_bad[1] != 0;
       float m_b[2];
       read_row_max(1, m_b);
@@ -212,9 +212,11 @@ class Sm90Consumer {
       dev::wgmma_wait<0>();
       dev::fence_registers(s);
       MLAKIT_SM90_STAMP(kConsumerScores);
-      release(1, C::kLowSlabs);  // S_B was this consumer's last read of slabs 0..3 of stage 1
       float mx[2];
       scaled_logits(s, start_b, mx);
+      // S_B and the valid-slot mask (read by scaled_logits) were this consumer's last reads
+      // of what the producer rewrites with slabs 0..3 of stage 1.
+      release(1, C::kLowSlabs);
       // Register fences pin the softmax between the barrier waits: the compiler otherwise sank
       // the logits and the exponentials below both waits (register-only work is free to move
       // across a bar.sync), which serialised softmax B behind softmax A again.
@@ -246,9 +248,11 @@ class Sm90Consumer {
       dev::fence_registers(o_);
       MLAKIT_SM90_STAMP(kConsumerScores);
       release(0, C::kHighSlabs);
-      release(1, C::kLowSlabs);  // S_B was this consumer's last read of slabs 0..3 of stage 1
       softmax(s, start_b, m_b, sum_b);
       publish(s, m_b, C::kBarP1Ready);
+      // S_B and the valid-slot mask (read by the softmax) were this consumer's last reads of
+      // what the producer rewrites with slabs 0..3 of stage 1.
+      release(1, C::kLowSlabs);
     } else {
       bad_ |= issue_scores(s, 1, start_b, key_end);  // queued behind S_A: the tensor cores work through softmax A
       receive_tile_a(m_a);
@@ -281,7 +285,7 @@ class Sm90Consumer {
   // Consumer 1's side of the tile-A hand-off: P_A is in shared memory.
   __device__ void receive_p_a() {
     dev::named_barrier_sync(C::kBarP0Ready, C::kConsumerThreads);
-    if constexpr (kGathered) dev::fence_proxy_async_acquire_smem();  // V_A came by cp.async
+    if constexpr (kGathered) dev::fence_proxy_async_smem();  // V_A: generic-proxy writes (issue_scores says why)
     bad_ |= sm_.stage_bad[0] != 0;
   }
 
@@ -382,32 +386,31 @@ class Sm90Consumer {
   //   TMA tiles: each slab group's k-steps as soon as that group has landed (S overlaps the
   //   tile's own load).
   //   Gathered tiles (st.shared, cp.async: the generic proxy) need a proxy fence between the
-  //   wait and the wgmma reads. It is the reader's acquire proxy fence
-  //   (fence_proxy_async_acquire_smem), which ptxas turns into a NOP; the bidirectional
-  //   fence.proxy.async is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, and the MEMBAR waits for the
-  //   warpgroup's wgmmas in flight: one per slab made the S issue take ~2,200 cycles of a ready
-  //   tile (FP8 sparse decode, H100). Swapping the four consumer-side fences of the sparse
-  //   prefill for the acquire one: h_q 64 s_kv 8192 1,896-1,899 vs 1,948-1,956 us, FP8 decode
-  //   b=128 358.8-360.5 vs 361.7-364.0 us (H100, same call, three rounds). One fence per
-  //   stage half (slabs 0..3, 4..8) made ptxas serialise the sparse prefill's wgmmas (C7520)
-  //   without the second wgmma_fence.
+  //   wait and the wgmma reads (the async proxy): the two-way fence.proxy.async (MEMBAR.ALL.CTA +
+  //   FENCE.VIEW.ASYNC.S), by each reading thread after the barrier that showed it the data.
+  //   The one-way fence.proxy.async::generic.acquire.sync_restrict::shared::cluster that stood
+  //   here from b1fae7c covers shared::cluster objects only: ptxas emitted a NOP, wgmma read
+  //   tiles before the producer's writes reached the async proxy, and the FP8 decode returned
+  //   different bits in 61-89 of 90 calls on the same inputs, NaN rows in 16-27 (stale or
+  //   uninitialised shared memory; H100, 2026-11-24, docs/kernels/mla_sparse_decode_sm90.md).
+  //   The MEMBAR waits for this warpgroup's wgmmas in flight, so the fences sit where few are.
   __device__ bool issue_scores(float (&s)[32], int stage, int tile_start, int key_end) {
     prepare_tile(stage, tile_start, key_end);
     const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[0][0]), 16, 1024));
     const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage][0][0]), 16, 1024));
     if constexpr (kGatheredHalves) {
       await_slabs(stage, C::kGatheredLowHalfBarrier, C::kGatheredLowHalfBarrier + 1);
-      dev::fence_proxy_async_acquire_smem();
+      dev::fence_proxy_async_smem();
       dev::wgmma_fence();
       issue_score_slabs(s, q_desc, k_desc, 0, C::kFirstHighSlab);
       await_slabs(stage, C::kGatheredTileBarrier, C::kSlabs);
-      dev::fence_proxy_async_acquire_smem();
+      dev::fence_proxy_async_smem();
       dev::wgmma_fence();
       issue_score_slabs(s, q_desc, k_desc, C::kFirstHighSlab, C::kSlabs);
       MLAKIT_SM90_STAMP(kConsumerHighIssued);
     } else if constexpr (kGathered) {
       await_tile(stage);
-      dev::fence_proxy_async_acquire_smem();
+      dev::fence_proxy_async_smem();
       dev::wgmma_fence();
       issue_score_slabs(s, q_desc, k_desc, 0, C::kSlabs);
     } else {
