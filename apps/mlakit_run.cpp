@@ -1,13 +1,17 @@
 // mlakit-run: the main job. On a GPU: the dense MLA decode on a DeepSeek-V3-shaped problem
 // (b=64, h_q=128, h_kv=1, s_q=1, varlen s_k ~ 4096, page 64), checked against the CPU
-// reference and timed. Without a GPU: the CPU reference on a small problem, saying so.
+// reference and timed. Without a GPU: the CPU reference on the requested problem when it is
+// small enough, otherwise on a smaller one that the output names (apps/run_options.h).
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <new>
+#include <stdexcept>
 #include <string>
 
+#include "apps/run_options.h"
 #include "mlakit/mla_decode.h"
 #include "mlakit/reference.h"
 #include "support/accuracy.h"
@@ -21,55 +25,9 @@
 namespace {
 
 using namespace mlakit;
+using app::RunOptions;
 
-struct Options {
-  int64_t b = 64;
-  int s_q = 1;
-  int h_q = 128;
-  int h_kv = 1;
-  int s_k = 4096;
-  int page = 64;
-  bool causal = false;
-  bool varlen = true;
-  bool force_cpu = false;
-  DType dtype = DType::kBF16;
-};
-
-void usage() {
-  std::printf(
-      "usage: mlakit-run [--b N] [--s_q N] [--h_q N] [--h_kv N] [--s_k N] [--page N] [--causal]\n"
-      "                  [--fixed] [--fp16] [--cpu]\n"
-      "Runs the dense MLA decode on the GPU (default: b=64 h_q=128 h_kv=1 s_q=1 s_k~4096 varlen,\n"
-      "page 64, bf16), checks it against the CPU reference and prints time, TFLOP/s and GB/s.\n"
-      "Without a GPU (or with --cpu) runs the CPU reference on a small problem.\n");
-}
-
-bool parse(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&](auto* dst) {
-      if (i + 1 >= argc) return false;
-      *dst = static_cast<std::remove_pointer_t<decltype(dst)>>(std::atoll(argv[++i]));
-      return true;
-    };
-    bool ok = true;
-    if (a == "--b") ok = next(&o->b);
-    else if (a == "--s_q") ok = next(&o->s_q);
-    else if (a == "--h_q") ok = next(&o->h_q);
-    else if (a == "--h_kv") ok = next(&o->h_kv);
-    else if (a == "--s_k") ok = next(&o->s_k);
-    else if (a == "--page") ok = next(&o->page);
-    else if (a == "--causal") o->causal = true;
-    else if (a == "--fixed") o->varlen = false;
-    else if (a == "--fp16") o->dtype = DType::kFP16;
-    else if (a == "--cpu") o->force_cpu = true;
-    else ok = false;
-    if (!ok) return false;
-  }
-  return true;
-}
-
-support::HostDecodeCase make_case(const Options& o) {
+support::HostDecodeCase make_case(const RunOptions& o) {
   support::DecodeCaseSpec spec;
   spec.seqlens = o.varlen ? support::varlen_lengths(o.b, o.s_k, o.s_q, 2026) : support::fixed_lengths(o.b, o.s_k);
   spec.s_q = o.s_q;
@@ -91,15 +49,10 @@ void print_problem(const support::HostDecodeCase& c) {
               c.spec.causal ? 1 : 0, dtype_name(c.spec.dtype));
 }
 
-int run_cpu(Options o, const char* why) {
-  std::printf("NO GPU: %s\nRunning the CPU reference on a small problem instead.\n", why);
-  if (o.b == 64 && o.s_k == 4096 && o.h_q == 128) {  // the GPU default is too large for a CPU
-    o.b = 4;
-    o.s_q = 2;
-    o.h_q = 16;
-    o.s_k = 300;
-    o.causal = true;
-  }
+int run_cpu(const RunOptions& requested, const std::string& why) {
+  const app::CpuProblem choice = app::choose_cpu_problem(requested);
+  std::printf("NO GPU: %s\nCPU reference: %s.\n", why.c_str(), choice.note.c_str());
+  const RunOptions& o = choice.options;
   const support::HostDecodeCase c = make_case(o);
   print_problem(c);
   const auto t0 = std::chrono::steady_clock::now();
@@ -119,7 +72,7 @@ int fail(const char* what, const Status& s) {
   return 1;
 }
 
-int run_gpu(const Options& o) {
+int run_gpu(const RunOptions& o) {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("GPU: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
@@ -172,27 +125,51 @@ int run_gpu(const Options& o) {
 }
 #endif
 
-}  // namespace
+// Bytes of physical memory (a bound on the host tensors a problem may need).
+double host_memory_bytes() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+}
 
-int main(int argc, char** argv) {
-  Options o;
-  if (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
-    usage();
-    return 0;
-  }
-  if (!parse(argc, argv, &o)) {
-    usage();
-    return 2;
-  }
+int run(const RunOptions& o) {
 #if MLAKIT_WITH_CUDA
   int devices = 0;
   cudaError_t err = cudaGetDeviceCount(&devices);
-  if (!o.force_cpu && err == cudaSuccess && devices > 0) return run_gpu(o);
+  if (!o.force_cpu && err == cudaSuccess && devices > 0) {
+    if (Status s = app::check_host_memory(o, host_memory_bytes()); !s) {
+      std::fprintf(stderr, "%s\n", s.message().c_str());
+      return 2;
+    }
+    return run_gpu(o);
+  }
   const std::string why = o.force_cpu ? "--cpu given"
                                       : std::string("no CUDA device found (") +
                                             (err == cudaSuccess ? "0 devices" : cudaGetErrorString(err)) + ")";
-  return run_cpu(o, why.c_str());
+  return run_cpu(o, why);
 #else
   return run_cpu(o, "mlakit was built without CUDA");
 #endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  RunOptions o;
+  if (Status s = app::parse_run_options(argc, argv, &o); !s) {
+    std::fprintf(stderr, "%s\n\n%s", s.message().c_str(), app::run_usage().c_str());
+    return 2;
+  }
+  if (o.help) {
+    std::printf("%s", app::run_usage().c_str());
+    return 0;
+  }
+  // The library returns Status values; what remains is the host running out of memory while
+  // building the problem, or a failed step of the support code: report it, never abort.
+  try {
+    return run(o);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mlakit-run: out of host memory for %s\n", app::describe_problem(o).c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mlakit-run: %s\n", e.what());
+  }
+  return 1;
 }

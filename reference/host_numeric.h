@@ -65,13 +65,27 @@ inline uint16_t float_to_fp16(float f) {
   return static_cast<uint16_t>(sign | half);
 }
 
+// Element `index` of a host array of T. Host arrays need not be aligned to T (a caller's
+// view can start at any byte; only the kernels require aligned rows), so the access goes
+// through memcpy, which compiles to a plain load or store.
+template <typename T>
+inline T load_as(const void* base, int64_t index) {
+  T value;
+  std::memcpy(&value, static_cast<const unsigned char*>(base) + index * static_cast<int64_t>(sizeof(T)), sizeof(T));
+  return value;
+}
+template <typename T>
+inline void store_as(void* base, int64_t index, T value) {
+  std::memcpy(static_cast<unsigned char*>(base) + index * static_cast<int64_t>(sizeof(T)), &value, sizeof(T));
+}
+
 // Element of a 16-bit activation tensor as float / from float, by dtype.
 inline float load_half(const void* base, int64_t index, DType dtype) {
-  uint16_t h = static_cast<const uint16_t*>(base)[index];
+  const uint16_t h = load_as<uint16_t>(base, index);
   return dtype == DType::kBF16 ? bf16_to_float(h) : fp16_to_float(h);
 }
 inline void store_half(void* base, int64_t index, DType dtype, float value) {
-  static_cast<uint16_t*>(base)[index] = dtype == DType::kBF16 ? float_to_bf16(value) : float_to_fp16(value);
+  store_as<uint16_t>(base, index, dtype == DType::kBF16 ? float_to_bf16(value) : float_to_fp16(value));
 }
 
 }  // namespace mlakit::host

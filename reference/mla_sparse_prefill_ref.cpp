@@ -7,28 +7,29 @@
 #include "host/mla_decode_validate.h"
 #include "host/mla_sparse_prefill_validate.h"
 #include "mlakit/mla_sparse_prefill.h"
+#include "reference/guarded.h"
 #include "reference/host_numeric.h"
 #include "reference/parallel.h"
 
 namespace mlakit::reference {
 namespace {
 
+constexpr const char* kOp = "reference::mla_sparse_prefill";
 constexpr double kLog2e = 1.4426950408889634;
 constexpr double kLn2 = 0.6931471805599453;
 
 void prefill_token(const MlaSparsePrefillArgs& a, const detail::SparsePrefillShape& s, double scale, int64_t i) {
-  const auto* idx = static_cast<const int32_t*>(a.indices.data) + i * a.indices.stride[0];
   int64_t count = s.topk;
   if (!a.topk_length.empty()) {
-    count = std::clamp<int64_t>(static_cast<const int32_t*>(a.topk_length.data)[i * a.topk_length.stride[0]], 0,
-                                s.topk);
+    count = std::clamp<int64_t>(host::load_as<int32_t>(a.topk_length.data, i * a.topk_length.stride[0]), 0, s.topk);
   }
+  // The valid listed kv rows (at most topk <= 2^20), duplicates kept.
   std::vector<int64_t> rows;
+  rows.reserve(static_cast<std::size_t>(count));
   for (int64_t k = 0; k < count; ++k) {
-    if (idx[k] >= 0 && idx[k] < s.s_kv) rows.push_back(idx[k]);
+    const int64_t row = host::load_as<int32_t>(a.indices.data, i * a.indices.stride[0] + k);
+    if (row >= 0 && row < s.s_kv) rows.push_back(row);
   }
-  auto* max_logits = static_cast<float*>(a.max_logits.data);
-  auto* lse_out = static_cast<float*>(a.lse.data);
   const double base = a.lse_base == LseBase::kNatural ? kLn2 : 1.0;  // log2 units -> chosen base
   for (int h = 0; h < s.h_q; ++h) {
     std::vector<double> out(a.d_v, 0.0);
@@ -49,7 +50,7 @@ void prefill_token(const MlaSparsePrefillArgs& a, const detail::SparsePrefillSha
       lse2 = m + std::log2(sum);
       double factor = 1.0;
       if (!a.attn_sink.empty()) {
-        const double sink = static_cast<const float*>(a.attn_sink.data)[h * a.attn_sink.stride[0]];
+        const double sink = host::load_as<float>(a.attn_sink.data, h * a.attn_sink.stride[0]);
         factor = 1.0 / (1.0 + std::exp(sink - lse2 * kLn2));
       }
       for (size_t j = 0; j < rows.size(); ++j) {
@@ -62,13 +63,14 @@ void prefill_token(const MlaSparsePrefillArgs& a, const detail::SparsePrefillSha
     const int64_t o = i * a.out.stride[0] + h * a.out.stride[1];
     for (int d = 0; d < a.d_v; ++d) {
       if (a.out.dtype == DType::kFP32) {
-        static_cast<float*>(a.out.data)[o + d] = static_cast<float>(out[d]);
+        host::store_as<float>(a.out.data, o + d, static_cast<float>(out[d]));
       } else {
         host::store_half(a.out.data, o + d, DType::kBF16, static_cast<float>(out[d]));
       }
     }
-    max_logits[i * a.max_logits.stride[0] + h * a.max_logits.stride[1]] = static_cast<float>(m * base);
-    lse_out[i * a.lse.stride[0] + h * a.lse.stride[1]] = static_cast<float>(lse2 * base);
+    host::store_as<float>(a.max_logits.data, i * a.max_logits.stride[0] + h * a.max_logits.stride[1],
+                          static_cast<float>(m * base));
+    host::store_as<float>(a.lse.data, i * a.lse.stride[0] + h * a.lse.stride[1], static_cast<float>(lse2 * base));
   }
 }
 
@@ -76,11 +78,11 @@ void prefill_token(const MlaSparsePrefillArgs& a, const detail::SparsePrefillSha
 
 Status mla_sparse_prefill(const MlaSparsePrefillArgs& args, int num_threads) {
   detail::SparsePrefillShape s;
-  MLAKIT_RETURN_IF_ERROR(detail::validate_mla_sparse_prefill_args("reference::mla_sparse_prefill", args,
-                                                                  /*allow_float_out=*/true, &s));
+  MLAKIT_RETURN_IF_ERROR(detail::validate_mla_sparse_prefill_args(kOp, args, /*allow_float_out=*/true, &s));
   const double scale = detail::resolve_softmax_scale(args.sm_scale, s.d_qk);
-  parallel_for(s.s_q, num_threads, [&](int64_t i) { prefill_token(args, s, scale, i); });
-  return Status::ok();
+  return run_guarded(kOp, [&] {
+    parallel_for(s.s_q, num_threads, [&](int64_t i) { prefill_token(args, s, scale, i); });
+  });
 }
 
 }  // namespace mlakit::reference

@@ -14,13 +14,16 @@ namespace mlakit::reference {
 // or float32 for the unrounded result (what accuracy checks compare against). Rows attend to keys
 // whose block-table entry is out of [0, num_blocks) or past the table's width give NaN rows,
 // like the GPU kernels (which never dereference such entries). num_threads 0 = hardware
-// concurrency.
+// concurrency (fewer when the host cannot create that many threads). Host memory it cannot
+// allocate (buffers of up to the visible keys that can be dereferenced: block table width *
+// page size per sequence and thread) is a ResourceExhausted status, never an exception.
 Status mla_decode(const MlaDecodeArgs& args, int num_threads = 0);
 
 // SPEC section 6: merges the partial states (o_a, lse_a) and (o_b, lse_b) of one row into
 // (o, lse); natural-log LSEs. An LSE of -inf or +inf marks an empty state; merging only empty
-// states gives o = 0, lse = +inf. o may alias o_a or o_b.
-void merge_states(const double* o_a, double lse_a, const double* o_b, double lse_b, int64_t d,
-                  double* o, double* lse);
+// states gives o = 0, lse = +inf. o may alias o_a or o_b. Each of o_a, o_b, o holds d doubles.
+// Returns InvalidArgument (nothing written) for d < 1 or a null pointer.
+Status merge_states(const double* o_a, double lse_a, const double* o_b, double lse_b, int64_t d,
+                    double* o, double* lse);
 
 }  // namespace mlakit::reference

@@ -18,6 +18,7 @@ enum class StatusCode {
   kWorkspaceTooSmall,        // caller's workspace below the size the query returned
   kCudaError,                // a CUDA runtime call or kernel launch failed
   kNoDevice,                 // no CUDA device, or a build without CUDA
+  kResourceExhausted,        // host memory a CPU reference needed could not be allocated
 };
 
 const char* status_code_name(StatusCode code);

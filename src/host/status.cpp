@@ -11,6 +11,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kWorkspaceTooSmall: return "WorkspaceTooSmall";
     case StatusCode::kCudaError: return "CudaError";
     case StatusCode::kNoDevice: return "NoDevice";
+    case StatusCode::kResourceExhausted: return "ResourceExhausted";
   }
   return "Unknown";
 }
