@@ -2,8 +2,13 @@
 # The one GPU-machine script: build (all cores), SASS resource check, CPU + GPU test suites,
 # the main job, the benchmark; logs and JSON under $OUT; a short summary printed last.
 # Usage (on the GPU machine): bash scripts/gpu_check.sh [--skip-tests] [--skip-bench] [--pip]
-#                                 [--timeline=CASE_FILTER] [--profile=KERNEL_REGEX:BENCH_FILTER]
-#                                 [bench args...]
+#                                 [--compare[=COMPARE_ARGS]] [--timeline=CASE_FILTER]
+#                                 [--profile=KERNEL_REGEX:BENCH_FILTER] [bench args...]
+#   --compare[=ARGS]: bench/compare.py, mlakit (build-gpu/python) side by side with FlashMLA
+#          (.baselines/flashmla, carried into the call; its .so.xz is decompressed here) on
+#          identical tensors; ARGS (space-separated, e.g. --compare=--quick) go to compare.py.
+#          The JSONL and PNG land in bench/results/ and $OUT. A compare-only call:
+#          --skip-tests --skip-bench --compare (the build still runs: the package needs it).
 #   --pip: also `pip install .` into a fresh venv (build dependencies from .pip-wheels/ when the
 #          machine has no index: the device has no internet) and run the Python tests against
 #          the installed package, from outside the repository.
@@ -22,6 +27,8 @@ export MLAKIT_COMMIT="${MLAKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null 
 run_tests=1
 run_bench=1
 run_pip=0
+run_compare=0
+compare_args=""
 profile=""
 timeline=""
 bench_args=()
@@ -30,6 +37,8 @@ for arg in "$@"; do
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --pip) run_pip=1 ;;
+    --compare) run_compare=1 ;;
+    --compare=*) run_compare=1; compare_args="${arg#--compare=}" ;;
     --profile=*) profile="${arg#--profile=}" ;;
     --timeline=*) timeline="${arg#--timeline=}" ;;
     *) bench_args+=("$arg") ;;
@@ -120,6 +129,22 @@ if [ "$run_bench" = 1 ]; then
   note "bench: rc=$?"
   find bench/results -name '*.jsonl' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/" \;  # this GPU's file
   tail -25 "$OUT/bench.log" | tee -a "$summary"
+fi
+if [ "$run_compare" = 1 ]; then
+  compare_start=$(date +%s)
+  so=.baselines/flashmla/flash_mla/cuda.cpython-312-x86_64-linux-gnu.so
+  if [ -f "$so.xz" ] && [ ! -f "$so" ]; then xz -dk "$so.xz"; fi
+  [ -d .baselines/flashmla ] || note "compare: .baselines/flashmla missing (carry it, see ../shared/baselines/README.md)"
+  # shellcheck disable=SC2086  # compare_args: several arguments on purpose
+  PYTHONPATH="$PWD/$build/python:$PWD/.baselines/flashmla${PYTHONPATH:+:$PYTHONPATH}" \
+    timeout "${COMPARE_TIMEOUT:-480}" python3 bench/compare.py $compare_args >"$OUT/compare.log" 2>&1
+  note "compare: rc=$? ($(( $(date +%s) - compare_start )) s)"
+  if grep -q "^== side by side ==" "$OUT/compare.log"; then
+    sed -n '/^== side by side ==/,$p' "$OUT/compare.log" | tee -a "$summary"
+  else
+    tail -30 "$OUT/compare.log" | tee -a "$summary"
+  fi
+  find bench/results -name '*-compare.*' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/" \;
 fi
 if [ -n "$timeline" ]; then
   timeout 300 "$build/bench/mlakit-decode-timeline" "$timeline" 8192 >"$OUT/decode_timeline.log" 2>&1

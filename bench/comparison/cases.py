@@ -1,0 +1,129 @@
+"""The cases of the side-by-side benchmark: PERF.md's list, grouped in families.
+
+A family is one operation and the sides it is timed on. The first side named is the
+baseline of the ratio, `subject` the side the ratio is about: ratio = t_baseline / t_subject
+(> 1: the subject is faster). A family whose operation mlakit does not have yet names no
+mlakit side; later operations (MHA prefill, GQA decode) add a family here, a generator in
+data.py and a reference in reference.py, and name their sides (e.g. sdpa_cudnn, sdpa_flash,
+mlakit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+SIDES = ("flashmla", "mlakit", "sdpa_cudnn", "sdpa_flash")
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    label: str  # for the table and the chart
+    sides: Tuple[str, ...]  # round order of round 0 (reversed in odd rounds); baseline first
+    subject: str
+    default: bool  # in a run without --families
+
+    @property
+    def baseline(self) -> str:
+        return self.sides[0]
+
+
+FAMILIES: Dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("dense_decode", "dense MLA decode", ("flashmla", "mlakit"), "mlakit", True),
+        Family("sparse_decode", "sparse FP8 MLA decode", ("flashmla", "mlakit"), "mlakit", True),
+        Family("sparse_prefill", "sparse MLA prefill", ("flashmla", "mlakit"), "mlakit", True),
+        # Not an mlakit operation: cuDNN against PyTorch's flash backend on PERF.md's cuDNN
+        # shapes. It keeps the SDPA sides exercised (and gives cuDNN's figures of the same run)
+        # until the MHA prefill / GQA decode families name them.
+        Family("sdpa_mha", "SDPA MHA forward (cuDNN vs flash)", ("sdpa_cudnn", "sdpa_flash"), "sdpa_flash", False),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    family: str
+    params: Dict[str, Any]
+    quick: bool = False  # in the --quick smoke run
+
+
+def _dense(b: int, h_q: int, s_q: int, s_k: int, causal: bool = False, quick: bool = False) -> Case:
+    name = f"dense_b{b}_hq{h_q}_sq{s_q}_sk{s_k}" + ("_causal" if causal else "")
+    params = dict(b=b, s_q=s_q, h_q=h_q, h_kv=1, s_k=s_k, page=64, causal=causal, varlen=True)
+    return Case(name, "dense_decode", params, quick)
+
+
+def _sparse_decode(b: int, quick: bool = False) -> Case:
+    # Each sequence owns s_k = 32768 cached tokens; each query token picks topk of them.
+    params = dict(b=b, s_q=2, h_q=128, topk=2048, s_k=32768, page=64)
+    return Case(f"sparse_decode_b{b}_hq128_sq2_topk2048_sk32768", "sparse_decode", params, quick)
+
+
+def _sparse_prefill(s_kv: int, near_end: bool, quick: bool = False) -> Case:
+    # "Near the end": 90% of each token's indices in the last 20000 rows (the project's
+    # benchmark convention, bench/sparse_prefill_measure.cpp); at s_kv <= 20000 that is all rows.
+    params = dict(s_q=4096, h_q=128, topk=2048, s_kv=s_kv, indices="near_end" if near_end else "uniform",
+                  window=20000 if near_end else 0)
+    name = f"sparse_prefill_sq4096_hq128_topk2048_skv{s_kv}_" + ("near_end" if near_end else "uniform")
+    return Case(name, "sparse_prefill", params, quick)
+
+
+def _sdpa_mha(causal: bool) -> Case:
+    params = dict(b=4, h=32, s=4096, d=128, causal=causal)
+    return Case("sdpa_mha_b4_h32_s4096_d128" + ("_causal" if causal else ""), "sdpa_mha", params, not causal)
+
+
+def all_cases() -> List[Case]:
+    """PERF.md's cases of every operation that exists, in table order."""
+    cases: List[Case] = []
+    for s_k in (4096, 8192, 16384, 32768):
+        cases.append(_dense(128, 128, 1, s_k, quick=s_k == 4096))
+    for causal in (False, True):
+        for s_k in (4096, 8192, 16384, 32768):
+            cases.append(_dense(128, 128, 2, s_k, causal))
+    for b, s_k in ((32, 8192), (32, 32768), (128, 8192), (128, 32768)):
+        cases.append(_dense(b, 16, 1, s_k, quick=(b, s_k) == (32, 8192)))
+    cases += [_sparse_decode(64, quick=True), _sparse_decode(128)]
+    for near_end in (True, False):
+        for s_kv in (8192, 32768, 131072):
+            cases.append(_sparse_prefill(s_kv, near_end, quick=(s_kv, near_end) == (8192, False)))
+    cases += [_sdpa_mha(False), _sdpa_mha(True)]
+    return cases
+
+
+def select(
+    cases: Sequence[Case], families: Optional[Sequence[str]] = None, pattern: Optional[str] = None, quick: bool = False
+) -> List[Case]:
+    """The cases of the given families (default: the default families), whose name matches
+    `pattern` (a regular expression, searched; a plain substring works), and the quick ones
+    with `quick`. Unknown family names raise ValueError."""
+    if families:
+        unknown = sorted(set(families) - set(FAMILIES))
+        if unknown:
+            raise ValueError(f"unknown families {unknown}: expected some of {sorted(FAMILIES)}")
+        wanted = set(families)
+    else:
+        wanted = {name for name, f in FAMILIES.items() if f.default}
+    regex = None
+    if pattern:
+        try:
+            regex = re.compile(pattern)
+        except re.error:
+            regex = re.compile(re.escape(pattern))
+    return [
+        c
+        for c in cases
+        if c.family in wanted and (regex is None or regex.search(c.name)) and (not quick or c.quick)
+    ]
+
+
+def describe(case: Case) -> str:
+    """One line for --list."""
+    f = FAMILIES[case.family]
+    params = " ".join(f"{k}={v}" for k, v in case.params.items())
+    return f"{case.name:58s} {f.name:15s} sides {','.join(f.sides):22s} {params}"

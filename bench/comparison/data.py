@@ -1,0 +1,196 @@
+"""Input tensors of each case, following FlashMLA's own test conventions, built once per
+case and handed to every side unchanged.
+
+- Dense decode: lengths ~ normal(s_k, s_k / 2), floored, at least s_q; a paged bf16 cache
+  [num_blocks, 64, h_kv, 576] whose block table is a shuffled permutation of the blocks,
+  NaN in every slot past a sequence's length (a kernel that reads one shows it).
+- Sparse FP8 decode: each sequence owns s_k tokens (shuffled block table); each query token
+  lists topk distinct tokens of its sequence; the 656-byte FP8 cache holds NaN bytes (0xFF:
+  NaN as e4m3, float32 and bf16) in every token no index lists.
+- Sparse prefill: topk distinct rows per query token, uniform over s_kv or 90% of them in the
+  last `window` rows, in random order.
+q and the caches are N(0, 1). Lengths, block tables and index choices come from a CPU
+generator (the same draw on any device); the large tensors from one on the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict
+
+import torch
+
+from .cases import Case
+
+D_QK, D_V, FP8_TOKEN_BYTES = 576, 512, 656
+E4M3_MAX = 448.0
+INDEX_CHUNK_ROWS = 256  # rows of random keys drawn at once when choosing distinct indices
+
+
+@dataclasses.dataclass
+class Inputs:
+    tensors: Dict[str, Any]  # the arguments shared by every side
+    info: Dict[str, Any]  # what the JSON line records: seed, mean s_k drawn, flops, bytes
+
+
+def generate(case: Case, seed: int, device: str) -> Inputs:
+    return _GENERATORS[case.family](case.params, seed, torch.device(device))
+
+
+def _generators(seed: int, device: torch.device):
+    host = torch.Generator().manual_seed(seed)
+    dev = torch.Generator(device=device).manual_seed(seed + 1)
+    return host, dev
+
+
+def _normal(shape, dtype, device, gen) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=device).normal_(generator=gen)
+
+
+def _varlen(b: int, s_k: int, s_q: int, gen: torch.Generator, varlen: bool) -> torch.Tensor:
+    if not varlen:
+        return torch.full((b,), s_k, dtype=torch.int32)
+    lengths = torch.normal(float(s_k), s_k / 2, (b,), generator=gen).floor()
+    return lengths.clamp(min=s_q).to(torch.int32)
+
+
+def _shuffled_block_table(b: int, blocks_per_seq: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.randperm(b * blocks_per_seq, generator=gen).view(b, blocks_per_seq).to(torch.int32)
+
+
+def dense_decode(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
+    host, dev = _generators(seed, device)
+    b, s_q, h_q, h_kv, page = p["b"], p["s_q"], p["h_q"], p["h_kv"], p["page"]
+    lengths = _varlen(b, p["s_k"], s_q, host, p["varlen"])
+    blocks_per_seq = math.ceil(int(lengths.max()) / page)
+    block_table = _shuffled_block_table(b, blocks_per_seq, host)
+    cache = _normal((b * blocks_per_seq, page, h_kv, D_QK), torch.bfloat16, device, dev)
+    q = _normal((b, s_q, h_q, D_QK), torch.bfloat16, device, dev)
+    # NaN in every slot past each sequence's length.
+    pos = torch.arange(blocks_per_seq * page)
+    physical = block_table.long()[:, pos // page] * page + pos % page  # [b, positions]
+    unused = physical[pos[None, :] >= lengths.long()[:, None]]
+    cache.view(-1, h_kv, D_QK)[unused.to(device)] = float("nan")
+
+    keys = lengths.double()
+    attended = keys * s_q - (s_q * (s_q - 1) / 2 if p["causal"] else 0)  # per sequence, summed over its tokens
+    info = dict(
+        seed=seed,
+        mean_s_k=float(keys.mean()),
+        flops=float(h_q * (2 * D_QK + 2 * D_V) * attended.sum()),
+        bytes=float(b * s_q * h_q * (D_QK + D_V) * 2 + keys.sum() * h_kv * D_QK * 2),
+    )
+    tensors = dict(
+        q=q, k_cache=cache, block_table=block_table.to(device), cache_seqlens=lengths.to(device), causal=p["causal"]
+    )
+    return Inputs(tensors, info)
+
+
+def quantize_fp8(kv: torch.Tensor) -> torch.Tensor:
+    """bf16 [..., 576] -> the 656-byte FP8 cache token (FlashMLA's documented layout): 512
+    e4m3 NoPE values in 4 tiles of 128, the 4 float32 tile scales (amax / 448; SPEC section 7),
+    64 bf16 RoPE values."""
+    nope = kv[..., :D_V].float().unflatten(-1, (4, 128))
+    scale = nope.abs().amax(-1) / E4M3_MAX
+    scaled = torch.where(scale[..., None] > 0, nope / scale[..., None], torch.zeros_like(nope))
+    values = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    out = torch.empty(kv.shape[:-1] + (FP8_TOKEN_BYTES,), dtype=torch.uint8, device=kv.device)
+    out[..., :D_V] = values.view(torch.uint8).flatten(-2)
+    out[..., D_V : D_V + 16] = scale.contiguous().view(torch.uint8)
+    out[..., D_V + 16 :] = kv[..., D_V:].contiguous().view(torch.uint8)
+    return out
+
+
+def dequantize_fp8(tokens: torch.Tensor) -> torch.Tensor:
+    """656-byte tokens [..., 656] uint8 -> [..., 576] as float64 holding the bf16 values the
+    kernels compute with: float(e4m3) * scale in float32, rounded to bf16 (SPEC 7's
+    dequantization, as mlakit's dequantize tool and both libraries' kernels do)."""
+    values = tokens[..., :D_V].contiguous().view(torch.float8_e4m3fn).float().unflatten(-1, (4, 128))
+    scale = tokens[..., D_V : D_V + 16].contiguous().view(torch.float32)
+    rope = tokens[..., D_V + 16 :].contiguous().view(torch.bfloat16)
+    nope = (values * scale[..., None]).flatten(-2).to(torch.bfloat16)
+    return torch.cat([nope, rope], dim=-1).double()
+
+
+def _distinct(rows: int, n: int, k: int, device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    """[rows, k] distinct values of [0, n) per row, in random order (the top k of random keys)."""
+    chunks = []
+    for first in range(0, rows, INDEX_CHUNK_ROWS):
+        count = min(INDEX_CHUNK_ROWS, rows - first)
+        keys = torch.rand((count, n), device=device, generator=gen)
+        chunks.append(keys.topk(k, dim=-1, sorted=False).indices)
+    picked = torch.cat(chunks)
+    order = torch.rand(picked.shape, device=device, generator=gen).argsort(dim=-1)
+    return picked.gather(-1, order)
+
+
+def sparse_decode(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
+    host, dev = _generators(seed, device)
+    b, s_q, h_q, topk, s_k, page = p["b"], p["s_q"], p["h_q"], p["topk"], p["s_k"], p["page"]
+    blocks_per_seq = s_k // page
+    block_table = _shuffled_block_table(b, blocks_per_seq, host).to(device).long()
+    num_tokens = b * s_k
+    cache = torch.empty((num_tokens, FP8_TOKEN_BYTES), dtype=torch.uint8, device=device)
+    chunk = 1 << 20  # tokens quantized at once (bf16 staging + float32 temporaries ~3.5 GB)
+    for first in range(0, num_tokens, chunk):
+        count = min(chunk, num_tokens - first)
+        cache[first : first + count] = quantize_fp8(_normal((count, D_QK), torch.bfloat16, device, dev))
+    logical = _distinct(b * s_q, s_k, topk, device, dev).view(b, s_q, topk)
+    batch = torch.arange(b, device=device)[:, None, None]
+    slots = block_table[batch, logical // page] * page + logical % page
+    listed = torch.zeros(num_tokens, dtype=torch.bool, device=device)
+    listed[slots.flatten()] = True
+    cache[~listed] = 0xFF
+    q = _normal((b, s_q, h_q, D_QK), torch.bfloat16, device, dev)
+    info = dict(
+        seed=seed,
+        mean_s_k=float(s_k),
+        flops=float(b * s_q * h_q * (2 * D_QK + 2 * D_V) * topk),
+        bytes=float(b * s_q * (h_q * (D_QK + D_V) * 2 + topk * FP8_TOKEN_BYTES)),
+    )
+    # block_table: not an argument of the sparse decode (indices are slots), kept for the checks.
+    tensors = dict(q=q, k_cache=cache.view(b * blocks_per_seq, page, 1, FP8_TOKEN_BYTES), indices=slots.to(torch.int32),
+                   block_table=block_table.to(torch.int32))
+    return Inputs(tensors, info)
+
+
+def sparse_prefill(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
+    _, dev = _generators(seed, device)
+    s_q, h_q, topk, s_kv = p["s_q"], p["h_q"], p["topk"], p["s_kv"]
+    window = min(p["window"], s_kv) if p["window"] > 0 else s_kv
+    if window == s_kv:
+        indices = _distinct(s_q, s_kv, topk, device, dev)
+    else:
+        near = round(0.9 * topk)
+        recent = _distinct(s_q, window, near, device, dev) + (s_kv - window)
+        older = _distinct(s_q, s_kv - window, topk - near, device, dev)
+        both = torch.cat([recent, older], dim=-1)
+        indices = both.gather(-1, torch.rand(both.shape, device=device, generator=dev).argsort(dim=-1))
+    q = _normal((s_q, h_q, D_QK), torch.bfloat16, device, dev)
+    kv = _normal((s_kv, 1, D_QK), torch.bfloat16, device, dev)
+    info = dict(
+        seed=seed,
+        mean_s_k=float(topk),
+        flops=float(2 * s_q * h_q * topk * (D_QK + D_V)),
+        bytes=float(s_q * (h_q * (D_QK + D_V) * 2 + topk * D_QK * 2)),
+    )
+    tensors = dict(q=q, kv=kv, indices=indices.to(torch.int32).view(s_q, 1, topk), sm_scale=D_QK**-0.5)
+    return Inputs(tensors, info)
+
+
+def sdpa_mha(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
+    _, dev = _generators(seed, device)
+    b, h, s, d = p["b"], p["h"], p["s"], p["d"]
+    q, k, v = (_normal((b, h, s, d), torch.bfloat16, device, dev) for _ in range(3))
+    flops = 4.0 * b * h * s * s * d / (2 if p["causal"] else 1)
+    info = dict(seed=seed, mean_s_k=float(s), flops=flops, bytes=float(4 * b * h * s * d * 2))
+    return Inputs(dict(q=q, k=k, v=v, causal=p["causal"]), info)
+
+
+_GENERATORS = {
+    "dense_decode": dense_decode,
+    "sparse_decode": sparse_decode,
+    "sparse_prefill": sparse_prefill,
+    "sdpa_mha": sdpa_mha,
+}

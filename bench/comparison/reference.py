@@ -1,0 +1,176 @@
+"""Float64 references on a sample of each case (the full problem would cost more than the
+timing) and SPEC section 8's checks of a side's outputs against them.
+
+The sample: a few batch entries (dense and sparse decode: the longest, the shortest and
+random ones) or query tokens (sparse prefill: the first, the last and random ones), or query
+rows (SDPA). Every output of the whole tensor is also checked for NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List
+
+import torch
+
+from .data import D_QK, D_V, Inputs, dequantize_fp8
+
+OUT_ABS, OUT_REL, OUT_COS = 1e-3, 2 / 128, 5e-6  # SPEC 8: bf16/fp16 outputs
+STAT_ABS, STAT_REL = 1e-6, 8 / 65536  # SPEC 8: lse and max_logits
+SAMPLE = 8  # batch entries (decode) sampled
+SAMPLE_TOKENS = 32  # query tokens (sparse prefill) / query rows per head (SDPA) sampled
+
+
+def _pick(n: int, count: int, seed: int, first: List[int]) -> List[int]:
+    rest = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    picked = list(dict.fromkeys(first + rest))
+    return sorted(picked[: min(count, n)])
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: Any = None):
+    """q [..., m, d], k [..., n, d], v [..., n, d_v] in float64 -> out, lse, max (natural log)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse[..., None]), v), lse, scores.amax(dim=-1)
+
+
+def dense_decode(x: Inputs) -> Dict[str, Any]:
+    t = x.tensors
+    q, cache, table, lengths = t["q"], t["k_cache"], t["block_table"], t["cache_seqlens"].cpu()
+    b, s_q, h_q, _ = q.shape
+    page, h_kv = cache.shape[1], cache.shape[2]
+    group = h_q // h_kv
+    rows = _pick(b, SAMPLE, x.info["seed"], [int(lengths.argmax()), int(lengths.argmin())])
+    outs, lses = [], []
+    for i in rows:
+        length = int(lengths[i])
+        keys = cache[table[i, : math.ceil(length / page)].long()].reshape(-1, h_kv, D_QK)[:length].double()
+        keys = keys.permute(1, 0, 2)  # [h_kv, L, 576]
+        qi = q[i].double().view(s_q, h_kv, group, D_QK).permute(1, 0, 2, 3).reshape(h_kv, s_q * group, D_QK)
+        mask = None
+        if t["causal"]:
+            last = length - s_q + torch.arange(s_q, device=q.device).repeat_interleave(group)
+            mask = torch.arange(length, device=q.device)[None, :] <= last[:, None]
+        out, lse, _ = _attend(qi, keys, keys[..., :D_V], D_QK**-0.5, mask)
+        outs.append(out.view(h_kv, s_q, group, D_V).permute(1, 0, 2, 3).reshape(s_q, h_q, D_V))
+        lses.append(lse.view(h_kv, s_q, group).permute(0, 2, 1).reshape(h_q, s_q))
+    return dict(index=("batch", rows), out=torch.stack(outs), lse=torch.stack(lses))
+
+
+def sparse_decode(x: Inputs) -> Dict[str, Any]:
+    t = x.tensors
+    q, cache, indices = t["q"], t["k_cache"], t["indices"]
+    b, s_q, h_q, _ = q.shape
+    tokens = cache.view(-1, cache.shape[-1])
+    rows = _pick(b, SAMPLE, x.info["seed"], [0, b - 1])
+    outs, lses = [], []
+    for i in rows:
+        keys = dequantize_fp8(tokens[indices[i].long()])  # [s_q, topk, 576]
+        out, lse, _ = _attend(q[i].double(), keys, keys[..., :D_V], D_QK**-0.5)  # q [s_q, h_q, 576]
+        outs.append(out)
+        lses.append(lse.transpose(0, 1))
+    return dict(index=("batch", rows), out=torch.stack(outs), lse=torch.stack(lses))
+
+
+def sparse_prefill(x: Inputs) -> Dict[str, Any]:
+    t = x.tensors
+    q, kv, indices = t["q"], t["kv"], t["indices"]
+    s_q = q.shape[0]
+    rows = _pick(s_q, SAMPLE_TOKENS, x.info["seed"], [0, s_q - 1])
+    outs, lses, maxes = [], [], []
+    for r in rows:
+        keys = kv[indices[r, 0].long(), 0].double()  # [topk, 576]
+        out, lse, top = _attend(q[r].double(), keys, keys[:, :D_V], t["sm_scale"])
+        outs.append(out)
+        lses.append(lse)
+        maxes.append(top)
+    return dict(index=("token", rows), out=torch.stack(outs), lse=torch.stack(lses), max_logits=torch.stack(maxes))
+
+
+def sdpa_mha(x: Inputs) -> Dict[str, Any]:
+    t = x.tensors
+    q, k, v = t["q"], t["k"], t["v"]
+    s = q.shape[2]
+    rows = _pick(s, SAMPLE_TOKENS, x.info["seed"], [0, s - 1])
+    qs = q[:, :, rows].double()
+    mask = None
+    if t["causal"]:
+        mask = torch.arange(s, device=q.device)[None, :] <= torch.tensor(rows, device=q.device)[:, None]
+    out, _, _ = _attend(qs, k.double(), v.double(), q.shape[-1] ** -0.5, mask)
+    return dict(index=("query_row", rows), out=out)
+
+
+REFERENCES = {
+    "dense_decode": dense_decode,
+    "sparse_decode": sparse_decode,
+    "sparse_prefill": sparse_prefill,
+    "sdpa_mha": sdpa_mha,
+}
+
+
+def sample(family: str, name: str, got: torch.Tensor, index) -> torch.Tensor:
+    """The side's output `name` at the reference's sample."""
+    kind, rows = index
+    sel = torch.tensor(rows, device=got.device)
+    if kind == "query_row":
+        return got.index_select(2, sel)
+    return got.index_select(0, sel)
+
+
+def check_output(got: torch.Tensor, ref: torch.Tensor) -> Dict[str, Any]:
+    g = got.double()
+    err = (g - ref).abs()
+    bound = torch.clamp(ref.abs() * OUT_REL, min=OUT_ABS)
+    over = ~(err <= bound)  # NaN counts as over
+    cos_diff = float(1 - 2 * (g * ref).sum() / ((g * g).sum() + (ref * ref).sum()))
+    ok = not bool(over.any()) and cos_diff <= OUT_COS
+    return dict(ok=ok, max_abs=float(err.nan_to_num(float("inf")).max()), over=int(over.sum()), cos_diff=cos_diff)
+
+
+def _stat_errors(got: torch.Tensor, ref: torch.Tensor):
+    inf_ok = (torch.isinf(got) == torch.isinf(ref)) & (~torch.isinf(got) | (got == ref))
+    finite = torch.isfinite(ref) & torch.isfinite(got)
+    err = torch.where(finite, (got - ref).abs(), torch.zeros_like(ref))
+    bound = torch.clamp(ref.abs() * STAT_REL, min=STAT_ABS)
+    bad = ~inf_ok | torch.isnan(got) | (finite & (err > bound))
+    return bad, float(err.max()) if err.numel() else 0.0
+
+
+def check_stat(got: torch.Tensor, ref: torch.Tensor) -> Dict[str, Any]:
+    """lse / max_logits against the natural-log reference; a side that returns base-2
+    statistics (x / ln 2) is recognised by its values, converted and reported as such."""
+    g = got.double()
+    best = None
+    for base, factor in (("e", 1.0), ("2", math.log(2.0))):
+        bad, max_abs = _stat_errors(g * factor, ref)
+        result = dict(ok=not bool(bad.any()), base=base, max_abs=max_abs, over=int(bad.sum()))
+        if result["ok"]:
+            return result
+        best = best or result
+    return best
+
+
+def check(family: str, outputs: Dict[str, torch.Tensor], ref: Dict[str, Any]) -> Dict[str, Any]:
+    """SPEC 8 on the sample, NaN anywhere in the whole outputs; {'ok': bool, per output...}."""
+    result: Dict[str, Any] = {"ok": True, "sample": {ref["index"][0]: len(ref["index"][1])}}
+    for name, got in outputs.items():
+        if name not in ref:
+            continue
+        nan_anywhere = bool(torch.isnan(got).any())
+        picked = sample(family, name, got, ref["index"])
+        one = check_output(picked, ref[name]) if name == "out" else check_stat(picked, ref[name])
+        one["nan_anywhere"] = nan_anywhere
+        one["ok"] = one["ok"] and not nan_anywhere
+        result[name] = one
+        result["ok"] = result["ok"] and one["ok"]
+    return result
+
+
+def cross(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> Dict[str, float]:
+    """Two sides' whole `out` against each other (not a pass/fail check: a record)."""
+    x, y = a["out"].float(), b["out"].float()
+    diff = (x - y).abs().nan_to_num(float("inf"))
+    cos = 1 - 2 * (x.double() * y.double()).sum() / ((x.double() ** 2).sum() + (y.double() ** 2).sum())
+    return dict(max_abs=float(diff.max()), cos_diff=float(cos))

@@ -1,0 +1,130 @@
+"""The run's outputs: JSON lines (one per case, each complete on its own: the run's header
+fields repeated) appended to <out_dir>/<gpu>-compare.jsonl, and the table printed last."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import subprocess
+from typing import Any, Dict, Iterable, List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TABLE_MARK = "== side by side =="
+SIDE_LABELS = {"flashmla": "FlashMLA", "mlakit": "mlakit", "sdpa_cudnn": "cuDNN", "sdpa_flash": "SDPA-flash"}
+
+
+def commit() -> str:
+    """MLAKIT_COMMIT (the GPU script passes it: git metadata on the GPU machine can be stale), else git."""
+    if os.environ.get("MLAKIT_COMMIT"):
+        return os.environ["MLAKIT_COMMIT"]
+    try:
+        out = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def run_id() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def jsonl_path(out_dir: str, gpu_name: str) -> str:
+    return os.path.join(out_dir, gpu_name.replace(" ", "_") + "-compare.jsonl")
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN / inf: null instead."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def append(path: str, header: Dict[str, Any], records: Iterable[Dict[str, Any]]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
+        for rec in records:
+            f.write(json.dumps(_clean(dict(header, **rec)), sort_keys=False) + "\n")
+
+
+def read(path: str) -> List[Dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _us(value: Optional[float]) -> str:
+    return "-" if value is None else (f"{value:.1f}" if value < 1000 else f"{value:.0f}")
+
+
+def _x(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _mhz(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _side_cell(rec: Dict[str, Any], name: str, key: str, fmt) -> str:
+    side = rec["sides"].get(name)
+    if side is None:
+        return "n/a"
+    if not side.get("check", {}).get("ok", False):
+        return "FAILED"
+    return fmt(side.get(key))
+
+
+def table(header: Dict[str, Any], records: List[Dict[str, Any]]) -> str:
+    """Per case: baseline and subject sustained us, the ratios (sustained, idle-pause,
+    kernel-only), kernel-only main us and the SM clock of each side."""
+    c = header["ceilings"]
+    ceiling = (f"copy {c['copy_gbps']:.0f} GB/s, bf16 matmul {c['matmul_tflops']:.0f} TFLOP/s" if c
+               else "ceilings not measured")
+    lines = [
+        f"{header['gpu']} (driver {header['driver']}), mlakit {header['commit']}, run {header['run_id']}; {ceiling}",
+        "ratio = t_baseline / t_subject (> 1: the subject, mlakit, is faster); sustained = do_bench, "
+        f"{header['options']['rep_ms']} ms, L2 flushed; decode: schedule reused across calls",
+        "",
+        f"{'case':54s} {'base':>9s} {'base us':>8s} {'subj us':>8s} {'ratio':>6s} {'idle':>6s} {'kernel':>6s} "
+        f"{'main b/s us':>15s} {'MHz b/s':>10s}",
+    ]
+    for rec in records:
+        base, subj = rec["baseline"], rec["subject"]
+        if rec.get("error"):
+            lines.append(f"{rec['case']:54s} ERROR {rec['error'][:100]}")
+            continue
+        main = f"{_side_cell(rec, base, 'kernel_main_us', _us)}/{_side_cell(rec, subj, 'kernel_main_us', _us)}"
+        mhz = f"{_side_cell(rec, base, 'mhz', _mhz)}/{_side_cell(rec, subj, 'mhz', _mhz)}"
+        times = f"{_side_cell(rec, base, 'sustained_us', _us):>8s} {_side_cell(rec, subj, 'sustained_us', _us):>8s}"
+        ratios = " ".join(f"{_x(rec.get(k)):>6s}" for k in ("ratio", "ratio_idle", "ratio_kernel"))
+        lines.append(f"{rec['case']:54s} {SIDE_LABELS.get(base, base):>9s} {times} {ratios} {main:>15s} {mhz:>10s}")
+        for name, side in rec["sides"].items():
+            check = side.get("check", {})
+            if not check.get("ok", False):
+                lines.append(f"    {name} failed its check: {_failure(check)}")
+    return "\n".join(lines)
+
+
+def progress(rec: Dict[str, Any]) -> str:
+    """One line per case as the run goes."""
+    if rec.get("error"):
+        return f"{rec['case']}: ERROR {rec['error']}"
+    parts = []
+    for name, side in rec["sides"].items():
+        state = "" if side.get("check", {}).get("ok") else " (check FAILED)"
+        parts.append(f"{name} {_us(side.get('sustained_us'))} us{state}")
+    return f"{rec['case']}: {', '.join(parts)}; ratio {_x(rec.get('ratio'))} (idle {_x(rec.get('ratio_idle'))})"
+
+
+def _failure(check: Dict[str, Any]) -> str:
+    if "error" in check:
+        return check["error"][:300]
+    parts = []
+    for name, one in check.items():
+        if isinstance(one, dict) and not one.get("ok", True):
+            parts.append(f"{name}: " + ", ".join(f"{k}={v}" for k, v in one.items() if k != "ok"))
+    return "; ".join(parts)

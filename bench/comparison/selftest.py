@@ -1,0 +1,217 @@
+"""What can be checked without a GPU, on tiny problems on the CPU: the case table, the data
+conventions, the references and checks (against mlakit's float64 CPU reference where mlakit
+is importable, which its drop-in runs for host tensors), the SDPA side (math backend), the
+run loop with wall-clock stand-ins for the GPU timers, the JSON lines, the table and the chart."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import tempfile
+import time
+import types
+from typing import Any, Callable, List
+
+import torch
+
+from . import cases, chart, data, reference, report, runner, sides, timing
+
+FAILURES: List[str] = []
+
+
+def expect(ok: bool, what: str) -> None:
+    print(("ok    " if ok else "FAIL  ") + what)
+    if not ok:
+        FAILURES.append(what)
+
+
+def _case(family: str, **params: Any) -> cases.Case:
+    return cases.Case(f"{family}_tiny_" + "_".join(f"{k}{v}" for k, v in params.items()), family, params)
+
+
+DENSE = _case("dense_decode", b=4, s_q=2, h_q=16, h_kv=1, s_k=200, page=64, causal=True, varlen=True)
+SPARSE = _case("sparse_decode", b=2, s_q=2, h_q=16, topk=64, s_k=512, page=64)
+PREFILL = _case("sparse_prefill", s_q=48, h_q=16, topk=64, s_kv=1024, indices="near_end", window=200)
+SDPA = _case("sdpa_mha", b=1, h=2, s=64, d=32, causal=True)
+
+
+def test_case_table() -> None:
+    table = cases.all_cases()
+    default = cases.select(table)
+    expect(len(default) == 24, f"24 PERF.md cases by default (got {len(default)})")
+    expect(len({c.name for c in table}) == len(table), "case names unique")
+    expect(len(cases.select(table, quick=True)) == 4, "--quick: 4 cases")
+    expect([c.name for c in cases.select(table, pattern="sk32768_causal")] == ["dense_b128_hq128_sq2_sk32768_causal"],
+           "--filter by regex")
+    expect(len(cases.select(table, ["sdpa_mha"])) == 2, "--families sdpa_mha: 2 cases")
+
+
+def test_dense_data() -> None:
+    x = data.generate(DENSE, 3, "cpu")
+    t = x.tensors
+    lengths, table, cache = t["cache_seqlens"], t["block_table"], t["k_cache"]
+    expect(bool((lengths >= 2).all()), "dense: lengths >= s_q")
+    expect(sorted(table.flatten().tolist()) == list(range(table.numel())), "dense: block table a permutation")
+    expect(table.flatten().tolist() != sorted(table.flatten().tolist()), "dense: block table shuffled")
+    ok = True
+    for i in range(lengths.numel()):
+        rows = cache[table[i].long()].reshape(-1, 576)
+        used, unused = rows[: lengths[i]].float(), rows[lengths[i] :].float()
+        ok &= bool(torch.isfinite(used).all()) and bool(torch.isnan(unused).all())
+    expect(ok, "dense: finite before each length, NaN in every slot after")
+    expect(abs(x.info["mean_s_k"] - lengths.double().mean().item()) < 1e-9, "dense: mean s_k recorded as drawn")
+
+
+def test_sparse_data() -> None:
+    x = data.generate(SPARSE, 3, "cpu")
+    idx, cache = x.tensors["indices"].long(), x.tensors["k_cache"].view(-1, 656)
+    distinct = all(len(set(row.tolist())) == row.numel() for row in idx.view(-1, idx.shape[-1]))
+    expect(distinct, "sparse decode: indices distinct per query token")
+    table = x.tensors["block_table"]
+    own = all(set((idx[i] // 64).flatten().tolist()) <= set(table[i].tolist()) for i in range(idx.shape[0]))
+    expect(own, "sparse decode: every index a slot of its own sequence's blocks")
+    listed = torch.zeros(cache.shape[0], dtype=torch.bool)
+    listed[idx.flatten()] = True
+    expect(bool((cache[~listed] == 0xFF).all()), "sparse decode: unlisted tokens all NaN bytes")
+    expect(bool(torch.isfinite(data.dequantize_fp8(cache[listed])).all()), "sparse decode: listed tokens finite")
+    kv = torch.randn(64, 576).to(torch.bfloat16)
+    back = data.dequantize_fp8(data.quantize_fp8(kv))
+    nope_err = (back[:, :512] - kv[:, :512].double()).abs().max() / kv[:, :512].double().abs().max()
+    expect(float(nope_err) <= 1 / 8 and bool((back[:, 512:] == kv[:, 512:].double()).all()),
+           f"FP8 quantize round trip (NoPE rel err {float(nope_err):.3g}, RoPE exact)")
+
+
+def test_prefill_data() -> None:
+    x = data.generate(PREFILL, 3, "cpu")
+    idx = x.tensors["indices"][:, 0].long()
+    expect(all(len(set(r.tolist())) == 64 for r in idx), "prefill: indices distinct per token")
+    expect(bool(((idx >= 0) & (idx < 1024)).all()), "prefill: indices in range")
+    near = (idx >= 1024 - 200).sum(dim=-1)
+    expect(bool((near == round(0.9 * 64)).all()), "prefill: 90% of the indices in the last window")
+
+
+def _mlakit():
+    try:
+        return importlib.import_module("mlakit.flash_mla")
+    except ImportError as e:
+        print(f"skip  mlakit not importable ({e}): its parts of the selftest are skipped")
+        return None
+
+
+def test_references(api) -> None:
+    for case in (DENSE, SPARSE, PREFILL):
+        x = data.generate(case, 5, "cpu")
+        ref = reference.REFERENCES[case.family](x)
+        if api is None:
+            continue
+        r = sides.runner("mlakit", api, case.family, x)
+        r.call()
+        got = r.outputs(r.call())
+        result = reference.check(case.family, got, ref)
+        bases = {k: v.get("base") for k, v in result.items() if isinstance(v, dict) and "base" in v}
+        expect(result["ok"], f"{case.family}: mlakit's CPU reference passes the check against ours {bases}")
+        bad = dict(got, out=got["out"] + 0.05)
+        expect(not reference.check(case.family, bad, ref)["ok"], f"{case.family}: a perturbed out fails the check")
+        bad = dict(got, lse=got["lse"] + 1e-3)
+        expect(not reference.check(case.family, bad, ref)["ok"], f"{case.family}: a perturbed lse fails the check")
+        if case.family == "sparse_decode":
+            from mlakit import dequantize_fp8_cache
+
+            mine = data.dequantize_fp8(x.tensors["k_cache"][:1]).to(torch.bfloat16)
+            theirs = dequantize_fp8_cache(x.tensors["k_cache"][:1].contiguous())
+            listed = torch.isfinite(mine.float())
+            same = bool((mine.float()[listed] == theirs.float()[listed]).all())
+            expect(same, "FP8 layout: mlakit dequantizes ours alike")
+
+
+def test_sdpa_side() -> None:
+    from torch.nn.attention import SDPBackend
+
+    x = data.generate(SDPA, 5, "cpu")
+    r = sides.sdpa_runner("sdpa_math", SDPBackend.MATH, "sdpa_mha", x)
+    result = reference.check("sdpa_mha", r.outputs(r.call()), reference.sdpa_mha(x))
+    expect(result["ok"], f"SDPA side (math backend) passes the check {result['out']}")
+
+
+def test_kernel_names() -> None:
+    names = {
+        "void flash::flash_fwd_splitkv_mla_kernel<cutlass::bfloat16_t, 64>(Flash_fwd_mla_params)": "main",
+        "void flash::flash_fwd_mla_combine_kernel<cutlass::bfloat16_t, 512>(Flash_fwd_mla_params)": "combine",
+        "get_mla_metadata_kernel(Mla_metadata_params)": "plan",
+        "void mlakit::detail::decode_plan_kernel(mlakit::detail::SeqLengths, long)": "plan",
+        "void mlakit::detail::mla_decode_sm90_kernel<(anon)::Cfg>(mlakit::detail::MlaDecodeParams)": "main",
+        "Memset (Device)": "other",
+    }
+    got = {raw: timing.bucket(timing.short_name(raw)) for raw in names}
+    expect(got == names, f"kernel buckets {[timing.short_name(r) for r in names]}")
+
+
+class WallMeasure:
+    """Wall-clock stand-ins for runner.CudaMeasure (the run loop's plumbing only)."""
+
+    def sync(self) -> None:
+        pass
+
+    def _time(self, fn: Callable[[], Any]) -> float:
+        start = time.perf_counter()
+        fn()
+        return 1e6 * (time.perf_counter() - start)
+
+    def sustained(self, fn, rep_ms=None):
+        return sorted(self._time(fn) for _ in range(3))[1]
+
+    def idle(self, fn):
+        return [self._time(fn) for _ in range(2)]
+
+    def kernels(self, fn):
+        t = self._time(fn)
+        return dict(plan=0.0, main=t, combine=0.0, other=0.0, total=t, kernels={}, raw_names=[])
+
+    def host(self, fn):
+        return self._time(fn)
+
+    def clock(self):
+        return contextlib.nullcontext(types.SimpleNamespace(median=None))
+
+    def clock_now(self):
+        return None
+
+
+def test_run_loop(api) -> None:
+    from torch.nn.attention import SDPBackend
+
+    opts = types.SimpleNamespace(rounds=2, rep_ms=200, idle=True, profile=True, fresh=True, seed=0)
+    plan = [(SDPA, {"sdpa_cudnn": SDPBackend.MATH, "sdpa_flash": SDPBackend.MATH})]
+    if api is not None:
+        plan += [(c, {"flashmla": api, "mlakit": api}) for c in (DENSE, SPARSE, PREFILL)]
+    records = [runner.run_case(case, handles, opts, WallMeasure(), "cpu") for case, handles in plan]
+    for rec in records:
+        sides_ok = all(s["check"]["ok"] and len(s["rounds"]) == 2 for s in rec["sides"].values())
+        orders = [[r["position"] for r in s["rounds"]] for s in rec["sides"].values()]
+        expect(not rec.get("error") and sides_ok and rec["ratio"] is not None and sorted(orders) == [[0, 1], [1, 0]],
+               f"run loop on {rec['case']}: checked, 2 rounds, both orders, ratio {rec.get('ratio')}"
+               + (f" ERROR {rec.get('error')}" if rec.get("error") else ""))
+    header = dict(run_id=report.run_id(), commit="selftest", gpu="CPU selftest", driver="-", options=dict(rep_ms=200),
+                  ceilings={})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = report.jsonl_path(tmp, header["gpu"])
+        report.append(path, header, records)
+        report.append(path, dict(header, run_id=header["run_id"] + "-2"), records)
+        back = report.read(path)
+        expect(len(back) == 2 * len(records) and back[0]["case"] == records[0]["case"], "JSON lines written and read")
+        print(report.table(header, records))
+        png = chart.render(path, os.path.join(tmp, "chart.png"))
+        expect(os.path.getsize(png) > 10000, f"chart drawn ({os.path.getsize(png)} bytes)")
+
+
+def main(argv: List[str]) -> int:
+    torch.manual_seed(0)
+    api = _mlakit()
+    for test in (test_case_table, test_dense_data, test_sparse_data, test_prefill_data, test_sdpa_side,
+                 test_kernel_names):
+        test()
+    test_references(api)
+    test_run_loop(api)
+    print(f"selftest: {len(FAILURES)} failed" + (": " + "; ".join(FAILURES) if FAILURES else ""))
+    return 1 if FAILURES else 0
