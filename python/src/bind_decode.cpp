@@ -28,7 +28,7 @@ MlaDecodeArgs decode_args(const Array& q, const Array& kv_cache, const Array& bl
   a.cache_seqlens = to_ref(cache_seqlens, "cache_seqlens");
   a.out = to_ref(out, "out");
   a.lse = to_ref(lse, "lse");
-  a.softmax_scale = scale_or_default(softmax_scale);
+  a.softmax_scale = softmax_scale;  // None: 1 / sqrt(d_qk)
   a.causal = causal;
   return a;
 }
