@@ -8,7 +8,9 @@ flash_mla``, same names, arguments, defaults, shapes and return values.
   int32, num_splits [b + 1] int32)`` (FlashMLA's earlier API), computed on the device now.
 - ``flash_mla_with_kvcache`` takes either form: dense bf16/fp16 decode, or with
   ``is_fp8_kvcache=True`` and ``indices`` the token-sparse decode over the 656-byte FP8 cache.
-- ``flash_mla_sparse_fwd``: sparse prefill (base-2 statistics, SPEC section 3).
+- ``flash_mla_sparse_fwd``: sparse prefill. Like the FlashMLA that engines run on Hopper, it
+  returns natural-log ``max_logits`` and ``lse``; ``lse_base="2"`` (keyword only, mlakit's
+  one switch) returns base-2 ones, as FlashMLA's 2025 releases did (SPEC section 9).
 
 Host arrays (NumPy, CPU tensors) run the float64 CPU reference and need no metadata. What is
 not honoured raises NotImplementedError: the dense FP8 cache, extra_k_cache /
@@ -214,15 +216,22 @@ def flash_mla_sparse_fwd(
     attn_sink: Optional[Any] = None,
     topk_length: Optional[Any] = None,
     indexer_topk: int = 0,
+    *,
+    lse_base: str = "e",
 ) -> Tuple[Any, Any, Any]:
     """Sparse MLA prefill: q [s_q, h_q, d_qk] bfloat16, kv [s_kv, 1, d_qk] bfloat16, indices
     [s_q, 1, topk] int32 (< 0 or >= s_kv: invalid), optional attn_sink [h_q] float32 and
     topk_length [s_q] int32. Returns ``(output [s_q, h_q, d_v] bfloat16, max_logits [s_q, h_q]
-    float32, lse [s_q, h_q] float32)`` with base-2 statistics (P = q.k * sm_scale * log2(e))."""
+    float32, lse [s_q, h_q] float32)``.
+
+    ``max_logits`` and ``lse`` are natural-log, as the FlashMLA that engines run on Hopper
+    returns them: max of q.k * sm_scale and log(sum exp(q.k * sm_scale)). ``lse_base="2"``
+    (keyword only; not a FlashMLA argument) returns them in base 2 instead (multiplied by
+    log2(e)), as FlashMLA's 2025 releases did. A row with no valid index: 0, -inf, +inf."""
     op = "flash_mla_sparse_fwd"
     if indexer_topk != 0:
         raise NotImplementedError(f"{op}: indexer_topk: only 0 is supported, got {indexer_topk}")
-    return _prefill(op, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, "2")
+    return _prefill(op, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base)
 
 
 def _reject_unsupported(extra_k_cache: Any, extra_indices_in_kvcache: Any, extra_topk_length: Any) -> None:
