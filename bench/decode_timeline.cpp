@@ -305,7 +305,8 @@ int main(int argc, char** argv) {
     MlaDecodePlan plan;
     BENCH_STATUS(mla_decode_plan(problem, d.args.cache_seqlens, workspace.get(), workspace_bytes, stream, &plan,
                                  options));
-    const detail::MlaDecodeParams params = detail::make_decode_params(d.args, plan, d.args.softmax_scale);
+    const detail::MlaDecodeParams params = detail::make_decode_params(
+        d.args, plan, detail::resolve_softmax_scale(d.args.softmax_scale, problem.d_qk));
     const int box_rows = detail::sm90_box_rows(bc.page);
     CUtensorMap kv_map;
     std::string why;

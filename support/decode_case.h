@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <limits>
 #include <vector>
 
@@ -23,7 +24,7 @@ struct DecodeCaseSpec {
   int page_size = 64;
   bool causal = false;
   DType dtype = DType::kBF16;
-  float softmax_scale = kDefaultSoftmaxScale;
+  std::optional<float> softmax_scale = std::nullopt;  // unset: 1 / sqrt(d_qk)
   int spare_blocks = 3;  // cache blocks owned by no sequence (NaN-filled)
   uint64_t seed = 1;
 };

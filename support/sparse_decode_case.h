@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "mlakit/mla_sparse_decode.h"
@@ -20,7 +21,7 @@ struct SparseCaseSpec {
   int64_t page_size = 64;
   bool with_topk_length = false;
   bool with_sink = false;
-  float softmax_scale = kDefaultSoftmaxScale;
+  std::optional<float> softmax_scale = std::nullopt;  // unset: 1 / sqrt(576)
   uint64_t seed = 1;
 };
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "mlakit/mla_sparse_prefill.h"
@@ -30,7 +31,7 @@ struct SparsePrefillSpec {
   bool with_topk_length = false;  // values drawn from [0, topk + 3] (past topk: clamped)
   bool with_sink = false;
   LseBase lse_base = LseBase::kBase2;
-  float sm_scale = kDefaultSoftmaxScale;
+  std::optional<float> sm_scale = std::nullopt;  // unset: 1 / sqrt(d_qk)
   uint64_t seed = 1;
 };
 

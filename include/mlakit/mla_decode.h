@@ -11,7 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <limits>
+#include <optional>
 
 #include "mlakit/status.h"
 #include "mlakit/stream.h"
@@ -19,13 +19,11 @@
 
 namespace mlakit {
 
-// Logit scale meaning "1 / sqrt(d_qk)".
-inline constexpr float kDefaultSoftmaxScale = std::numeric_limits<float>::quiet_NaN();
-
-// What the plan depends on. Layers whose problems are equal share one plan.
+// What the plan depends on. Layers whose problems are equal share one plan. b, s_q or h_q
+// of 0 is an empty problem: its plan and decode launch nothing.
 struct MlaDecodeProblem {
   int64_t b = 0;   // sequences in the batch
-  int s_q = 1;     // query tokens per sequence, >= 1 (> 1: speculative / MTP decoding)
+  int s_q = 1;     // query tokens per sequence, <= 1024 (> 1: speculative / MTP decoding)
   int h_q = 0;     // query heads
   int h_kv = 1;    // latent KV heads; h_q % h_kv == 0
   int d_qk = 576;  // query/key head dim (512 NoPE + 64 RoPE)
@@ -84,7 +82,10 @@ struct MlaDecodeArgs {
   TensorRef cache_seqlens;  // [b]                              int32, >= 0
   TensorRef out;            // [b, s_q, h_q, d_v]               q's dtype (written)
   TensorRef lse;            // [b, h_q, s_q]                    float32, natural log (written)
-  float softmax_scale = kDefaultSoftmaxScale;
+  // Logit scale. Unset (std::nullopt, the default): 1 / sqrt(d_qk). Any finite value is used
+  // as given (zero and negative ones too, as in FlashMLA); NaN or an infinity is an
+  // InvalidArgument error naming softmax_scale.
+  std::optional<float> softmax_scale = std::nullopt;
   bool causal = false;      // ignored when s_q == 1
 };
 

@@ -8,13 +8,15 @@
 // elsewhere or when problem.kernel asks for it.
 #pragma once
 
+#include <optional>
+
 #include "mlakit/mla_decode.h"
 #include "mlakit/status.h"
 #include "mlakit/tensor.h"
 
 namespace mlakit {
 
-// What the plan depends on.
+// What the plan depends on. b, s_q or h_q of 0 is an empty problem: nothing is launched.
 struct MlaSparseDecodeProblem {
   int64_t b = 0;
   int s_q = 1;
@@ -34,7 +36,7 @@ struct MlaSparseDecodeArgs {
   TensorRef attn_sink;    // optional [h_q] float32: out *= 1 / (1 + exp(sink - lse)), lse unchanged
   TensorRef out;          // [b, s_q, h_q, 512]            bf16 (or float32 for the reference)
   TensorRef lse;          // [b, h_q, s_q]                 float32, natural log
-  float softmax_scale = kDefaultSoftmaxScale;
+  std::optional<float> softmax_scale = std::nullopt;  // unset: 1 / sqrt(576); NaN / inf: InvalidArgument (as MlaDecodeArgs)
   bool causal = false;    // must be false (the indices already say what is visible)
 };
 

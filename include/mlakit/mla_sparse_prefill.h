@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "mlakit/mla_decode.h"
 #include "mlakit/status.h"
@@ -33,7 +34,8 @@ struct MlaSparsePrefillArgs {
   TensorRef out;          // [s_q, h_q, d_v]    bf16 (or float32 for the reference)
   TensorRef max_logits;   // [s_q, h_q]         float32 (-inf for a row with no valid index)
   TensorRef lse;          // [s_q, h_q]         float32 (+inf for a row with no valid index)
-  float sm_scale = kDefaultSoftmaxScale;  // logit scale before the log2(e) factor; default 1/sqrt(d_qk)
+  // Logit scale before the log2(e) factor; unset: 1 / sqrt(d_qk); NaN / inf: InvalidArgument.
+  std::optional<float> sm_scale = std::nullopt;
   int d_v = 512;
   LseBase lse_base = LseBase::kBase2;
   // kAuto: the Hopper kernel on compute capability 9.0, the portable one elsewhere; kSm90 on

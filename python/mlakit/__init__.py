@@ -3,8 +3,10 @@
 Arrays may come from NumPy, PyTorch or CuPy. Host arrays run the float64 CPU reference;
 device arrays run the GPU kernels on the caller's current stream (for PyTorch,
 ``torch.cuda.current_stream()``). Outputs and workspaces are allocated by the framework the
-inputs come from. Invalid arguments raise ``ValueError`` with the library's message, which
-names the argument, the expected and the actual value.
+inputs come from, after the arguments they depend on are checked. Invalid arguments raise
+``TypeError`` (not an array, a scalar of the wrong type) or ``ValueError`` (wrong rank, and
+the library's checks), naming the function, the argument, the expected and the actual value.
+Empty inputs (b, s_q or h_q of 0) give empty outputs.
 
 NumPy has no bfloat16: pass ``ml_dtypes.bfloat16`` arrays, or uint16 arrays of bfloat16 bit
 patterns. ``mlakit.flash_mla`` is a drop-in for FlashMLA's Python API.

@@ -90,16 +90,16 @@ def int32_view(buffer: Any, offset: int, shape: Tuple[int, ...]) -> Any:
 
 
 def extension_view(x: Any) -> Any:
-    """The view of `x` that DLPack can carry to the extension: ml_dtypes bfloat16 arrays as
-    uint16 bit patterns (NumPy cannot export them), PyTorch float8 tensors (FlashMLA's
-    FP8-cache dtype) as their bytes. Other arrays, and None, pass unchanged."""
+    """The view of `x` that DLPack can carry to the extension: ml_dtypes bfloat16 and float8
+    arrays as uint16 / uint8 bit patterns (NumPy cannot export them), PyTorch float8 tensors
+    (FlashMLA's FP8-cache dtype) as their bytes. Other arrays, and None, pass unchanged."""
     if x is None:
         return None
     kind = framework(x)
-    if kind == "numpy" and x.dtype.name == "bfloat16":
+    if kind == "numpy" and x.dtype.kind == "V" and x.dtype.name.startswith(("bfloat16", "float8")):
         import numpy as np
 
-        return x.view(np.uint16)
+        return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint8)
     if kind == "torch" and str(x.dtype).startswith("torch.float8"):
         import torch
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _arrays as arrays
+from . import _checks as checks
 from . import _mlakit as _C
 
 TOKEN_BYTES = 656
@@ -26,6 +27,7 @@ def _run(name: str, like: Any, *args: Any) -> None:
 def quantize_fp8_cache(kv: Any) -> Any:
     """kv [..., 576] bfloat16 -> a new uint8 array [..., 656] in the FP8-with-scale format
     (FlashMLA's FP8 sparse-decode cache when kv is [num_blocks, page_size, 1, 576])."""
+    checks.array("quantize_fp8_cache", "kv", kv, "[..., 576]")
     out = arrays.empty(kv, tuple(kv.shape[:-1]) + (TOKEN_BYTES,), "uint8")
     _run("quantize_mla_cache_fp8", kv, kv, out)
     return out
@@ -34,6 +36,7 @@ def quantize_fp8_cache(kv: Any) -> Any:
 def dequantize_fp8_cache(cache: Any) -> Any:
     """cache [..., 656] FP8-with-scale bytes -> a new bfloat16 array [..., 576] (uint16 bit
     patterns where the framework has no bfloat16: CuPy, NumPy without ml_dtypes)."""
+    checks.array("dequantize_fp8_cache", "cache", cache, "[..., 656]")
     out = arrays.empty(cache, tuple(cache.shape[:-1]) + (D_QK,), "bfloat16")
     _run("dequantize_mla_cache_fp8", cache, cache, out)
     return out
@@ -43,4 +46,8 @@ def append_fp8_cache(tokens: Any, slots: Any, cache: Any) -> None:
     """Quantizes tokens [n, 576] bfloat16 into the paged FP8 cache [num_blocks, page_size, 1,
     656] at slots [n] int32 (``block * page_size + offset``; -1 and out-of-range slots are
     skipped), in place."""
+    op = "append_fp8_cache"
+    checks.array(op, "tokens", tokens, "[n, 576]")
+    checks.array(op, "slots", slots, "[n]")
+    checks.writable(op, "cache", checks.array(op, "cache", cache, "[num_blocks, page_block_size, 1, 656]"))
     _run("append_mla_cache_fp8", cache, tokens, slots, cache)

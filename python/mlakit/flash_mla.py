@@ -8,7 +8,9 @@ flash_mla``, same names, arguments, defaults, shapes and return values.
   int32, num_splits [b + 1] int32)`` (FlashMLA's earlier API), computed on the device now.
 - ``flash_mla_with_kvcache`` takes either form: dense bf16/fp16 decode, or with
   ``is_fp8_kvcache=True`` and ``indices`` the token-sparse decode over the 656-byte FP8 cache.
-- ``flash_mla_sparse_fwd``: sparse prefill (base-2 statistics, SPEC section 3).
+- ``flash_mla_sparse_fwd``: sparse prefill. Like the FlashMLA that engines run on Hopper, it
+  returns natural-log ``max_logits`` and ``lse``; ``lse_base="2"`` (keyword only, mlakit's
+  one switch) returns base-2 ones, as FlashMLA's 2025 releases did (SPEC section 9).
 
 Host arrays (NumPy, CPU tensors) run the float64 CPU reference and need no metadata. What is
 not honoured raises NotImplementedError: the dense FP8 cache, extra_k_cache /
@@ -23,12 +25,13 @@ import warnings
 from typing import Any, Optional, Tuple, Union
 
 from . import _arrays as arrays
+from . import _checks as checks
 from . import _flash_mla_schedule as schedules
 from ._decode import D_V, mla_decode, mla_decode_plan
 from ._mlakit import mla_decode as _decode_on_device
 from ._mlakit import mla_sparse_decode_fp8 as _sparse_decode_on_device
 from ._sparse_decode import mla_sparse_decode, mla_sparse_decode_plan
-from ._sparse_prefill import mla_sparse_prefill
+from ._sparse_prefill import _prefill
 
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd"]
 
@@ -82,10 +85,19 @@ def get_mla_metadata(
     new plan per call). Host arrays get placeholders of the same shapes (the CPU reference
     needs no schedule).
     """
+    op = "get_mla_metadata"
     if cache_seqlens is None:
         return FlashMLASchedMeta(), None
     if num_q_tokens_per_head_k is None or num_heads_k is None:
-        raise TypeError("get_mla_metadata: pass no argument, or cache_seqlens, num_q_tokens_per_head_k and num_heads_k")
+        raise TypeError(f"{op}: pass no argument, or cache_seqlens, num_q_tokens_per_head_k and num_heads_k")
+    checks.array(op, "cache_seqlens", cache_seqlens, "[b]")
+    num_q_tokens_per_head_k = checks.integer(op, "num_q_tokens_per_head_k", num_q_tokens_per_head_k)
+    num_heads_k = checks.integer(op, "num_heads_k", num_heads_k, minimum=1)
+    if num_heads_q is not None:
+        num_heads_q = checks.integer(op, "num_heads_q", num_heads_q, minimum=1)
+    if topk is not None:
+        topk = checks.integer(op, "topk", topk)
+    is_fp8_kvcache = checks.flag(op, "is_fp8_kvcache", is_fp8_kvcache)
     b = int(cache_seqlens.shape[0])
     sparse = topk is not None
     _check_cache_kind(is_fp8_kvcache, sparse)
@@ -146,21 +158,32 @@ def flash_mla_with_kvcache(
 
     Returns ``(out [b, s_q, h_q, 512] in q's dtype, softmax_lse [b, h_q, s_q] float32)``.
     """
+    op = "flash_mla_with_kvcache"
     _reject_unsupported(extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
-    if head_dim_v != D_V:
-        raise ValueError(f"flash_mla_with_kvcache: head_dim_v: expected {D_V}, got {head_dim_v}")
+    if checks.integer(op, "head_dim_v", head_dim_v) != D_V:
+        raise ValueError(f"{op}: head_dim_v: expected {D_V}, got {head_dim_v}")
+    causal = checks.flag(op, "causal", causal)
+    is_fp8_kvcache = checks.flag(op, "is_fp8_kvcache", is_fp8_kvcache)
+    softmax_scale = checks.scale(op, "softmax_scale", softmax_scale)
+    checks.array(op, "q", q, "[b, s_q, h_q, d_qk]")
+    checks.array(op, "k_cache", k_cache, "[num_blocks, page_block_size, h_k, d_qk]")
+    checks.optional_array(op, "indices", indices, "[b, s_q, topk]")
     sparse = indices is not None
     _check_cache_kind(is_fp8_kvcache, sparse)
     if sparse and causal:
         raise ValueError("flash_mla_with_kvcache: causal: expected False with indices (sparse attention), got True")
     if not sparse and (attn_sink is not None or topk_length is not None):
-        raise ValueError(
-            "flash_mla_with_kvcache: attn_sink and topk_length: expected None for dense attention (no indices)"
-        )
+        raise ValueError(f"{op}: attn_sink and topk_length: expected None for dense attention (no indices)")
+    if sparse:
+        checks.optional_array(op, "topk_length", topk_length, "[b]")
+        checks.optional_array(op, "attn_sink", attn_sink, "[h_q]")
+    else:
+        checks.array(op, "block_table", block_table, "[b, max_num_blocks_per_seq]")
+        checks.array(op, "cache_seqlens", cache_seqlens, "[b]")
 
     if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
         if num_splits is not None:
-            raise ValueError("flash_mla_with_kvcache: num_splits: expected None with a FlashMLASchedMeta")
+            raise ValueError(f"{op}: num_splits: expected None with a FlashMLASchedMeta")
         _check_config(tile_scheduler_metadata, _config(q, k_cache, causal, is_fp8_kvcache, indices))
     if arrays.on_host(q):
         if sparse:
@@ -193,14 +216,22 @@ def flash_mla_sparse_fwd(
     attn_sink: Optional[Any] = None,
     topk_length: Optional[Any] = None,
     indexer_topk: int = 0,
+    *,
+    lse_base: str = "e",
 ) -> Tuple[Any, Any, Any]:
     """Sparse MLA prefill: q [s_q, h_q, d_qk] bfloat16, kv [s_kv, 1, d_qk] bfloat16, indices
     [s_q, 1, topk] int32 (< 0 or >= s_kv: invalid), optional attn_sink [h_q] float32 and
     topk_length [s_q] int32. Returns ``(output [s_q, h_q, d_v] bfloat16, max_logits [s_q, h_q]
-    float32, lse [s_q, h_q] float32)`` with base-2 statistics (P = q.k * sm_scale * log2(e))."""
+    float32, lse [s_q, h_q] float32)``.
+
+    ``max_logits`` and ``lse`` are natural-log, as the FlashMLA that engines run on Hopper
+    returns them: max of q.k * sm_scale and log(sum exp(q.k * sm_scale)). ``lse_base="2"``
+    (keyword only; not a FlashMLA argument) returns them in base 2 instead (multiplied by
+    log2(e)), as FlashMLA's 2025 releases did. A row with no valid index: 0, -inf, +inf."""
+    op = "flash_mla_sparse_fwd"
     if indexer_topk != 0:
-        raise NotImplementedError(f"flash_mla_sparse_fwd: indexer_topk: only 0 is supported, got {indexer_topk}")
-    return mla_sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base="2")
+        raise NotImplementedError(f"{op}: indexer_topk: only 0 is supported, got {indexer_topk}")
+    return _prefill(op, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base)
 
 
 def _reject_unsupported(extra_k_cache: Any, extra_indices_in_kvcache: Any, extra_topk_length: Any) -> None:

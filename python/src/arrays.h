@@ -35,7 +35,4 @@ TensorRef to_ref(const std::optional<Array>& a, const char* name);
 // Python passes streams as integers (torch: Stream.cuda_stream, CuPy: Stream.ptr).
 inline cudaStream_t to_stream(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
 
-// None means the library default, 1 / sqrt(d_qk).
-inline float scale_or_default(std::optional<float> scale) { return scale ? *scale : kDefaultSoftmaxScale; }
-
 }  // namespace mlakit::python

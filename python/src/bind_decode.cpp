@@ -28,7 +28,7 @@ MlaDecodeArgs decode_args(const Array& q, const Array& kv_cache, const Array& bl
   a.cache_seqlens = to_ref(cache_seqlens, "cache_seqlens");
   a.out = to_ref(out, "out");
   a.lse = to_ref(lse, "lse");
-  a.softmax_scale = scale_or_default(softmax_scale);
+  a.softmax_scale = softmax_scale;  // None: 1 / sqrt(d_qk)
   a.causal = causal;
   return a;
 }
@@ -45,7 +45,7 @@ MlaDecodeArgs decode_args(const Array& q, const Array& kv_cache, const Array& bl
 MlaDecodePlan with_query_shape(const MlaDecodePlan& plan, int s_q, int h_q) {
   const MlaDecodeProblem& p = plan.problem;
   const int64_t plan_rows = static_cast<int64_t>(p.s_q) * (p.h_q / p.h_kv);
-  if (s_q < 1 || h_q < 1 || h_q % p.h_kv != 0 || static_cast<int64_t>(s_q) * (h_q / p.h_kv) != plan_rows) {
+  if (s_q < 0 || h_q < 0 || h_q % p.h_kv != 0 || static_cast<int64_t>(s_q) * (h_q / p.h_kv) != plan_rows) {
     throw nb::value_error(("plan: expected s_q * h_q / h_kv = " + std::to_string(plan_rows) +
                            " (the plan's query rows per kv head, h_kv = " + std::to_string(p.h_kv) + "), got s_q = " +
                            std::to_string(s_q) + ", h_q = " + std::to_string(h_q) + ": make a plan for this problem")
@@ -72,12 +72,25 @@ void bind_decode(nb::module_& m) {
       .def_ro("split_prefix_offset", &MlaDecodePlan::split_prefix_offset, "int32 [b + 1] prefix sums of splits")
       .def_ro("no_splits", &MlaDecodePlan::no_splits,
               "True when every sequence lies whole in one part (no combine): sparse plans without topk_length")
+      .def_ro("device", &MlaDecodePlan::device, "CUDA device ordinal; -1 for a host plan")
       .def_prop_ro("kernel",
                    [](const MlaDecodePlan& p) {
+                     if (p.device < 0) return std::string("reference");
                      return p.kernel == MlaDecodeKernel::kSm90 ? std::string("sm90") : std::string("portable");
                    })
       .def("with_query_shape", &with_query_shape, nb::arg("s_q"), nb::arg("h_q"),
            "The same plan for q of s_q tokens and h_q heads, with s_q * h_q / h_kv equal to the plan's.");
+
+  m.def(
+      "host_plan",
+      [](int64_t b, int s_q, int h_q, int h_kv, int64_t sparse_topk) {
+        MlaDecodePlan plan;
+        plan.problem = MlaDecodeProblem{.b = b, .s_q = s_q, .h_q = h_q, .h_kv = h_kv};
+        plan.sparse_topk = sparse_topk;
+        return plan;
+      },
+      nb::arg("b"), nb::arg("s_q"), nb::arg("h_q"), nb::arg("h_kv"), nb::arg("sparse_topk") = 0,
+      "The plan of host arrays: the problem alone (the CPU reference needs no schedule, so no workspace).");
 
   m.def(
       "mla_decode_reference",

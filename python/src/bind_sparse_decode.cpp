@@ -20,7 +20,7 @@ MlaSparseDecodeArgs sparse_decode_args(const Array& q, const Array& kv_cache, co
   a.attn_sink = to_ref(attn_sink, "attn_sink");
   a.out = to_ref(out, "out");
   a.lse = to_ref(lse, "lse");
-  a.softmax_scale = scale_or_default(softmax_scale);
+  a.softmax_scale = softmax_scale;  // None: 1 / sqrt(576)
   return a;
 }
 

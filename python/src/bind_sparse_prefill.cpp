@@ -31,7 +31,7 @@ MlaSparsePrefillArgs prefill_args(const Array& q, const Array& kv, const Array& 
   a.out = to_ref(out, "out");
   a.max_logits = to_ref(max_logits, "max_logits");
   a.lse = to_ref(lse, "lse");
-  a.sm_scale = scale_or_default(sm_scale);
+  a.sm_scale = sm_scale;  // None: 1 / sqrt(d_qk)
   a.d_v = d_v;
   a.lse_base = lse_base_from(lse_base);
   return a;

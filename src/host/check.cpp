@@ -1,6 +1,7 @@
 #include "host/check.h"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <sstream>
 
@@ -49,6 +50,13 @@ Status check_tensor_wellformed(const char* op, const char* name, const TensorRef
   return check_extent_fits(op, name, t);
 }
 
+bool has_no_elements(const TensorRef& t) {
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] == 0) return true;
+  }
+  return false;
+}
+
 Status check_dtype(const char* op, const char* name, const TensorRef& t,
                    std::initializer_list<DType> allowed) {
   for (DType d : allowed) {
@@ -81,15 +89,39 @@ Status check_dim(const char* op, const char* name, const TensorRef& t, int axis,
                          std::to_string(t.shape[axis]));
 }
 
+Status int_dim(const char* op, const char* name, const TensorRef& t, int axis, const char* dim_name, int* value) {
+  const int64_t n = t.shape[axis];
+  if (n > INT32_MAX) {
+    return invalid(op, std::string(name) + ".shape[" + std::to_string(axis) + "] (" + dim_name +
+                           "): dimension too large: expected <= 2^31 - 1, got " + std::to_string(n));
+  }
+  *value = static_cast<int>(n);
+  return Status::ok();
+}
+
+Status check_paged_cache_dims(const char* op, const char* name, const TensorRef& cache) {
+  const int64_t page_size = cache.shape[1];
+  if (page_size < 1 || page_size > (int64_t{1} << 30)) {
+    return invalid(op, std::string(name) + ".shape[1] (page_block_size): expected 1 <= page_block_size <= 2^30, got " +
+                           std::to_string(page_size));
+  }
+  if (cache.shape[0] > INT32_MAX) {
+    return invalid(op, std::string(name) + ".shape[0] (num_blocks): expected <= 2^31 - 1 (int32 block ids), got " +
+                           std::to_string(cache.shape[0]));
+  }
+  return Status::ok();
+}
+
 Status check_last_dim_contiguous(const char* op, const char* name, const TensorRef& t) {
   int last = t.rank - 1;
-  if (t.stride[last] == 1 || t.shape[last] <= 1) return Status::ok();
+  if (t.stride[last] == 1 || t.shape[last] <= 1 || has_no_elements(t)) return Status::ok();
   return invalid(op, std::string(name) + ".stride[" + std::to_string(last) +
                          "]: expected 1 (last dimension contiguous), got " +
                          std::to_string(t.stride[last]));
 }
 
 Status check_row_alignment(const char* op, const char* name, const TensorRef& t, int bytes) {
+  if (has_no_elements(t)) return Status::ok();  // no row is copied
   auto address = reinterpret_cast<std::uintptr_t>(t.data);
   if (address % bytes != 0) {
     return invalid(op, std::string(name) + ": expected a " + std::to_string(bytes) +
@@ -132,10 +164,10 @@ Status check_optional_vector(const char* op, const char* name, const TensorRef& 
   return t.empty() ? Status::ok() : check_vector(op, name, t, dtype, dim_name, size);
 }
 
-Status check_logit_scale(const char* op, const char* name, float scale) {
-  if (!std::isinf(scale)) return Status::ok();
-  return invalid(op, std::string(name) + ": expected a finite value (or kDefaultSoftmaxScale), got " +
-                         std::to_string(scale));
+Status check_logit_scale(const char* op, const char* name, std::optional<float> scale) {
+  if (!scale || std::isfinite(*scale)) return Status::ok();
+  return invalid(op, std::string(name) + ": expected a finite value (or unset for 1 / sqrt(d_qk)), got " +
+                         std::to_string(*scale));
 }
 
 Status check_output_dtype(const char* op, const char* name, const TensorRef& t, DType dtype, bool allow_float) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "mlakit/status.h"
@@ -16,6 +17,9 @@ Status unsupported(const char* op, const std::string& what);
 
 // data != nullptr and 1 <= rank <= kMaxRank, sizes >= 0, strides >= 0.
 Status check_tensor_wellformed(const char* op, const char* name, const TensorRef& t);
+// A dimension of size 0: nothing is read or written through t, so its pointer and strides
+// mean nothing (NumPy gives zero-size arrays all-zero strides) and the stride checks pass it.
+bool has_no_elements(const TensorRef& t);
 Status check_dtype(const char* op, const char* name, const TensorRef& t,
                    std::initializer_list<DType> allowed);
 Status check_same_dtype(const char* op, const char* name, const TensorRef& t,
@@ -24,6 +28,13 @@ Status check_rank(const char* op, const char* name, const TensorRef& t, int rank
 // t.shape[axis] == expected; `dim_name` names the dimension in the message ("b", "d_qk").
 Status check_dim(const char* op, const char* name, const TensorRef& t, int axis,
                  const char* dim_name, int64_t expected);
+// t.shape[axis] as an int, for the dimensions the kernels index with 32-bit integers; sizes
+// are 64-bit in the API, so a larger one is "<name>.shape[<axis>] (<dim_name>): dimension too
+// large: expected <= 2^31 - 1, got <n>", never silently truncated.
+Status int_dim(const char* op, const char* name, const TensorRef& t, int axis, const char* dim_name, int* value);
+// A paged cache [num_blocks, page_size, ...]: 1 <= page_size <= 2^30 and num_blocks <= 2^31 - 1
+// (int32 block ids and slots), so block * page_size + offset never overflows.
+Status check_paged_cache_dims(const char* op, const char* name, const TensorRef& cache);
 Status check_last_dim_contiguous(const char* op, const char* name, const TensorRef& t);
 // The data pointer is `bytes`-aligned and every stride but the last is a multiple of
 // bytes / element size, so every row starts `bytes`-aligned (needed by 16-byte copies).
@@ -42,8 +53,9 @@ Status check_optional_vector(const char* op, const char* name, const TensorRef& 
 // The topk of an indices tensor [.., .., topk] (last dimension): 1 <= topk <= 2^20.
 Status check_topk(const char* op, const TensorRef& indices, int* topk);
 
-// A logit scale: finite, or NaN for "the default" (kDefaultSoftmaxScale).
-Status check_logit_scale(const char* op, const char* name, float scale);
+// A logit scale: unset (the default, 1 / sqrt(d_qk)) or finite. NaN and infinities are
+// errors: NaN is no longer a "use the default" sentinel, it would silently poison every row.
+Status check_logit_scale(const char* op, const char* name, std::optional<float> scale);
 // An output in `dtype`, or also float32 (the CPU references' unrounded results).
 Status check_output_dtype(const char* op, const char* name, const TensorRef& t, DType dtype, bool allow_float);
 

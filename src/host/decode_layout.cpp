@@ -1,5 +1,6 @@
 #include "host/decode_layout.h"
 
+#include <algorithm>
 #include <string>
 
 #include "host/check.h"
@@ -77,7 +78,8 @@ int64_t decode_row_tiles(const MlaDecodeProblem& p, const DecodeKernelTraits& t)
 }
 
 int decode_num_parts(const MlaDecodeProblem& p, const DecodeKernelTraits& t, int sm_count) {
-  int64_t ctas_per_part = static_cast<int64_t>(p.h_kv) * decode_row_tiles(p, t);
+  // An empty problem (no rows) is laid out as if it had one row tile; nothing runs on it.
+  const int64_t ctas_per_part = std::max<int64_t>(1, static_cast<int64_t>(p.h_kv) * decode_row_tiles(p, t));
   int64_t parts = static_cast<int64_t>(sm_count) * t.ctas_per_sm / ctas_per_part;
   return static_cast<int>(parts < 1 ? 1 : parts);
 }
@@ -92,16 +94,17 @@ ScheduleConfig decode_schedule_config(const MlaDecodeProblem& p, const DecodeKer
 }
 
 Status validate_decode_problem(const char* op, const MlaDecodeProblem& p) {
-  if (p.b < 1 || p.b > (int64_t{1} << 30)) {
-    return invalid(op, "b: expected 1 <= b <= 2^30, got " + std::to_string(p.b));
+  // b, s_q or h_q of 0: an empty problem, valid (the empty result; nothing is launched).
+  if (p.b < 0 || p.b > (int64_t{1} << 30)) {
+    return invalid(op, "b: expected 0 <= b <= 2^30, got " + std::to_string(p.b));
   }
-  if (p.s_q < 1 || p.s_q > 1024) {
-    return invalid(op, "s_q: expected 1 <= s_q <= 1024, got " + std::to_string(p.s_q));
+  if (p.s_q < 0 || p.s_q > 1024) {
+    return invalid(op, "s_q: expected 0 <= s_q <= 1024, got " + std::to_string(p.s_q));
   }
   if (p.h_kv < 1 || p.h_kv > 65535) {
     return invalid(op, "h_kv: expected 1 <= h_kv <= 65535, got " + std::to_string(p.h_kv));
   }
-  if (p.h_q < 1) return invalid(op, "h_q: expected >= 1, got " + std::to_string(p.h_q));
+  if (p.h_q < 0) return invalid(op, "h_q: expected >= 0, got " + std::to_string(p.h_q));
   if (p.h_q % p.h_kv != 0) {
     return invalid(op, "h_q % h_kv: expected 0 (h_q a multiple of h_kv), got h_q = " +
                            std::to_string(p.h_q) + ", h_kv = " + std::to_string(p.h_kv));

@@ -42,8 +42,13 @@ int decode_num_parts(const MlaDecodeProblem& problem, const DecodeKernelTraits& 
 ScheduleConfig decode_schedule_config(const MlaDecodeProblem& problem,
                                       const DecodeKernelTraits& traits, int sm_count);
 
-// Checks b, s_q, h_q, h_kv, d_qk, d_v of a problem (op names the calling entry point).
+// Checks b, s_q, h_q, h_kv, d_qk, d_v of a problem (op names the calling entry point). b, s_q
+// and h_q may be 0 (an empty problem, see is_empty_problem).
 Status validate_decode_problem(const char* op, const MlaDecodeProblem& problem);
+
+// No query row at all (b, s_q or h_q is 0): the plan and the decode launch nothing, since
+// there is nothing to write (and a grid of zero blocks is a launch error).
+inline bool is_empty_problem(const MlaDecodeProblem& p) { return p.b == 0 || p.s_q == 0 || p.h_q == 0; }
 
 // Fills every field of `plan` but `workspace`, including workspace_bytes.
 // Split sequences need at most 2 * num_parts partial slots: a sequence cut into s pieces

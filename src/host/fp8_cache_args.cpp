@@ -4,6 +4,7 @@
 
 #include "common/fp8_cache_row.h"
 #include "host/check.h"
+#include "host/output_check.h"
 
 namespace mlakit::detail {
 
@@ -16,8 +17,9 @@ Status tensor_rows(const char* op, const char* name, const TensorRef& t, DType d
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, name, t));
   int64_t rows = 1;
   for (int i = 0; i < last; ++i) rows *= t.shape[i];
-  // Leading dimensions must collapse: stride[i] = stride[i+1] * shape[i+1] above the rows.
-  for (int i = 0; i + 1 < last; ++i) {
+  // Leading dimensions must collapse: stride[i] = stride[i+1] * shape[i+1] above the rows (no
+  // row at all: nothing to address).
+  for (int i = 0; i + 1 < last && rows > 0; ++i) {
     if (t.shape[i] > 1 && t.stride[i] != t.stride[i + 1] * t.shape[i + 1]) {
       return invalid(op, std::string(name) + ".stride[" + std::to_string(i) + "]: expected " +
                              std::to_string(t.stride[i + 1] * t.shape[i + 1]) +
@@ -45,7 +47,7 @@ Status validate_fp8_convert(const char* op, const TensorRef& src, DType src_dtyp
   // 16-byte vector accesses per row.
   MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "src", src, 16));
   MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "dst", dst, 16));
-  return Status::ok();
+  return check_outputs(op, {{"dst", dst}}, {{"src", src}});
 }
 
 Status validate_fp8_append(const char* op, const TensorRef& tokens, const TensorRef& slots, const TensorRef& cache,
@@ -69,6 +71,9 @@ Status validate_fp8_append(const char* op, const TensorRef& tokens, const Tensor
   if (cache.shape[1] < 1) {
     return invalid(op, "cache.shape[1] (page_block_size): expected >= 1, got " + std::to_string(cache.shape[1]));
   }
+  // The cache is written in place at the slots: its rows must be distinct and apart from the
+  // tokens and slots. (Two tokens with one slot also race; slots live on the device, unchecked.)
+  MLAKIT_RETURN_IF_ERROR(check_outputs(op, {{"cache", cache}}, {{"tokens", tokens}, {"slots", slots}}));
   out->slots = static_cast<const int32_t*>(slots.data);
   out->cache = static_cast<uint8_t*>(cache.data);
   out->block_stride = cache.stride[0];

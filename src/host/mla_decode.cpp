@@ -7,6 +7,7 @@
 #include "host/decode_layout.h"
 #include "host/device.h"
 #include "host/mla_decode_validate.h"
+#include "host/output_check.h"
 #if MLAKIT_WITH_CUDA
 #include "dispatch/mla_decode_dispatch.h"
 #endif
@@ -50,9 +51,13 @@ Status mla_decode_plan(const MlaDecodeProblem& problem, const TensorRef& cache_s
   MlaDecodePlan layout;
   MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout, options.kernel));
   MLAKIT_RETURN_IF_ERROR(detail::attach_workspace(kOp, workspace, workspace_bytes, dev.ordinal, &layout));
+  MLAKIT_RETURN_IF_ERROR(detail::check_disjoint(kOp, {detail::buffer_range("workspace", workspace, workspace_bytes)},
+                                                {detail::tensor_range("cache_seqlens", cache_seqlens)}));
 #if MLAKIT_WITH_CUDA
-  MLAKIT_RETURN_IF_ERROR(detail::dispatch_decode_plan(
-      layout, static_cast<const int32_t*>(cache_seqlens.data), stream));
+  if (!detail::is_empty_problem(problem)) {
+    MLAKIT_RETURN_IF_ERROR(
+        detail::dispatch_decode_plan(layout, static_cast<const int32_t*>(cache_seqlens.data), stream));
+  }
 #else
   (void)stream;
 #endif
@@ -67,6 +72,7 @@ Status mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan, cudaStre
   detail::DeviceInfo dev;
   MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
   MLAKIT_RETURN_IF_ERROR(detail::validate_mla_decode_device_args(kOp, args, problem, plan, dev.ordinal));
+  if (detail::is_empty_problem(problem)) return Status::ok();  // the empty result: nothing to write
 #if MLAKIT_WITH_CUDA
   return detail::dispatch_mla_decode(args, plan, detail::resolve_softmax_scale(args.softmax_scale, problem.d_qk),
                                      stream);

@@ -6,6 +6,7 @@
 #include "host/check.h"
 #include "host/decode_layout.h"
 #include "host/device.h"
+#include "host/output_check.h"
 
 namespace mlakit::detail {
 namespace {
@@ -39,8 +40,8 @@ Status check_plan_matches(const char* op, const MlaDecodeProblem& args_problem,
 
 }  // namespace
 
-float resolve_softmax_scale(float scale, int d_qk) {
-  return std::isnan(scale) ? 1.0f / std::sqrt(static_cast<float>(d_qk)) : scale;
+float resolve_softmax_scale(std::optional<float> scale, int d_qk) {
+  return scale ? *scale : 1.0f / std::sqrt(static_cast<float>(d_qk));
 }
 
 Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecodeProblem* problem,
@@ -57,29 +58,16 @@ Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecod
 
   MlaDecodeProblem p;
   p.b = a.q.shape[0];
-  p.s_q = static_cast<int>(a.q.shape[1]);
-  p.h_q = static_cast<int>(a.q.shape[2]);
-  p.d_qk = static_cast<int>(a.q.shape[3]);
-  p.h_kv = static_cast<int>(a.kv_cache.shape[2]);
-  if (a.q.shape[1] != p.s_q || a.q.shape[2] != p.h_q || a.q.shape[3] != p.d_qk ||
-      a.kv_cache.shape[2] != p.h_kv) {
-    return invalid(op, "q or kv_cache: dimension too large: q " + shape_string(a.q) +
-                           ", kv_cache " + shape_string(a.kv_cache));
-  }
+  MLAKIT_RETURN_IF_ERROR(int_dim(op, "q", a.q, 1, "s_q", &p.s_q));
+  MLAKIT_RETURN_IF_ERROR(int_dim(op, "q", a.q, 2, "h_q", &p.h_q));
+  MLAKIT_RETURN_IF_ERROR(int_dim(op, "q", a.q, 3, "d_qk", &p.d_qk));
+  MLAKIT_RETURN_IF_ERROR(int_dim(op, "kv_cache", a.kv_cache, 2, "h_kv", &p.h_kv));
   if (p.d_qk != kMlaDqk) {
     return unsupported(op, "q.shape[3] (d_qk): expected " + std::to_string(kMlaDqk) +
                                " (512 NoPE + 64 RoPE), got " + std::to_string(p.d_qk));
   }
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "kv_cache", a.kv_cache, 3, "d_qk", p.d_qk));
-  const int64_t page_size = a.kv_cache.shape[1];
-  if (page_size < 1 || page_size > (int64_t{1} << 30)) {
-    return invalid(op, "kv_cache.shape[1] (page_block_size): expected 1 <= page_block_size <= "
-                       "2^30, got " + std::to_string(page_size));
-  }
-  if (a.kv_cache.shape[0] > INT32_MAX) {
-    return invalid(op, "kv_cache.shape[0] (num_blocks): expected <= 2^31 - 1 (int32 block "
-                       "ids), got " + std::to_string(a.kv_cache.shape[0]));
-  }
+  MLAKIT_RETURN_IF_ERROR(check_paged_cache_dims(op, "kv_cache", a.kv_cache));
 
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "block_table", a.block_table));
   MLAKIT_RETURN_IF_ERROR(check_dtype(op, "block_table", a.block_table, {DType::kInt32}));
@@ -107,11 +95,11 @@ Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecod
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 0, "b", p.b));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 1, "s_q", p.s_q));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "out", a.out, 2, "h_q", p.h_q));
-  p.d_v = static_cast<int>(a.out.shape[3]);
-  if (p.d_v != kMlaDv || a.out.shape[3] != p.d_v) {
+  if (a.out.shape[3] != kMlaDv) {
     return unsupported(op, "out.shape[3] (d_v): expected " + std::to_string(kMlaDv) + ", got " +
                                std::to_string(a.out.shape[3]));
   }
+  p.d_v = kMlaDv;
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "out", a.out));
 
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "lse", a.lse));
@@ -124,6 +112,9 @@ Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecod
 
   MLAKIT_RETURN_IF_ERROR(check_logit_scale(op, "softmax_scale", a.softmax_scale));
   MLAKIT_RETURN_IF_ERROR(validate_decode_problem(op, p));
+  MLAKIT_RETURN_IF_ERROR(check_outputs(op, {{"out", a.out}, {"lse", a.lse}},
+                                       {{"q", a.q}, {"kv_cache", a.kv_cache}, {"block_table", a.block_table},
+                                        {"cache_seqlens", a.cache_seqlens}}));
   *problem = p;
   return Status::ok();
 }
@@ -146,6 +137,11 @@ Status validate_mla_decode_device_args(const char* op, const MlaDecodeArgs& a,
                            " (the current device), got " + std::to_string(plan.device));
   }
   MLAKIT_RETURN_IF_ERROR(check_plan_matches(op, problem, plan));
+  // The decode writes partial results into the workspace.
+  MLAKIT_RETURN_IF_ERROR(check_disjoint(op, {buffer_range("plan.workspace", plan.workspace, plan.workspace_bytes)},
+                                        {tensor_range("out", a.out), tensor_range("lse", a.lse), tensor_range("q", a.q),
+                                         tensor_range("kv_cache", a.kv_cache), tensor_range("block_table", a.block_table),
+                                         tensor_range("cache_seqlens", a.cache_seqlens)}));
 
   const struct {
     const char* name;

@@ -11,6 +11,7 @@
 #include "host/device.h"
 #include "host/mla_decode_validate.h"
 #include "host/mla_sparse_decode_validate.h"
+#include "host/output_check.h"
 #if MLAKIT_WITH_CUDA
 #include "dispatch/mla_decode_dispatch.h"
 #endif
@@ -20,23 +21,24 @@ namespace {
 
 using detail::invalid;
 
-// The dense problem whose plan serves the sparse decode.
+// The dense problem whose plan serves the sparse decode (empty when b, s_q or h_q is 0).
 Status scheduled_problem(const char* op, const MlaSparseDecodeProblem& p, MlaDecodeProblem* out) {
-  if (p.b < 1 || p.s_q < 1 || p.h_q < 1) {
-    return invalid(op, "problem: expected b, s_q, h_q >= 1, got b = " + std::to_string(p.b) +
+  if (p.b < 0 || p.s_q < 0 || p.h_q < 0) {
+    return invalid(op, "problem: expected b, s_q, h_q >= 0, got b = " + std::to_string(p.b) +
                            ", s_q = " + std::to_string(p.s_q) + ", h_q = " + std::to_string(p.h_q));
   }
   if (p.topk < 1 || p.topk > (1 << 20)) {
     return invalid(op, "problem.topk: expected 1 <= topk <= 2^20, got " + std::to_string(p.topk));
   }
-  if (p.b * p.s_q > (int64_t{1} << 30)) {
+  if (p.b > (int64_t{1} << 30) || p.b * p.s_q > (int64_t{1} << 30)) {
     return invalid(op, "problem: expected b * s_q <= 2^30, got " + std::to_string(p.b * p.s_q));
   }
   *out = MlaDecodeProblem{.b = p.b * p.s_q, .s_q = 1, .h_q = p.h_q, .h_kv = 1, .d_qk = 576, .d_v = 512};
   return Status::ok();
 }
 
-detail::SeqLengths sparse_lengths(const TensorRef& topk_length, int topk, int s_q) {
+// topk_length (or topk for every row) per scheduled sequence; only the CUDA build dispatches.
+[[maybe_unused]] detail::SeqLengths sparse_lengths(const TensorRef& topk_length, int topk, int s_q) {
   return detail::SeqLengths{topk_length.empty() ? nullptr : static_cast<const int32_t*>(topk_length.data), topk, s_q, topk};
 }
 
@@ -87,9 +89,13 @@ Status mla_sparse_decode_plan(const MlaSparseDecodeProblem& problem, const Tenso
   MLAKIT_RETURN_IF_ERROR(
       detail::make_sparse_decode_layout(scheduled, problem.topk, !topk_length.empty(), dev, problem.kernel, &layout));
   MLAKIT_RETURN_IF_ERROR(detail::attach_workspace(kOp, workspace, workspace_bytes, dev.ordinal, &layout));
+  MLAKIT_RETURN_IF_ERROR(detail::check_disjoint(kOp, {detail::buffer_range("workspace", workspace, workspace_bytes)},
+                                                {detail::tensor_range("topk_length", topk_length)}));
 #if MLAKIT_WITH_CUDA
-  MLAKIT_RETURN_IF_ERROR(
-      detail::dispatch_sparse_decode_plan(layout, sparse_lengths(topk_length, problem.topk, problem.s_q), stream));
+  if (!detail::is_empty_problem(scheduled)) {
+    MLAKIT_RETURN_IF_ERROR(
+        detail::dispatch_sparse_decode_plan(layout, sparse_lengths(topk_length, problem.topk, problem.s_q), stream));
+  }
 #else
   (void)stream;
 #endif
@@ -140,6 +146,14 @@ Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, const MlaDecodePla
   for (const auto& [name, ptr] : pointers) {
     if (ptr != nullptr) MLAKIT_RETURN_IF_ERROR(detail::check_device_pointer(kOp, name, ptr, dev.ordinal));
   }
+  // The decode writes partial results into the workspace.
+  using detail::tensor_range;
+  MLAKIT_RETURN_IF_ERROR(detail::check_disjoint(
+      kOp, {detail::buffer_range("plan.workspace", plan.workspace, plan.workspace_bytes)},
+      {tensor_range("out", args.out), tensor_range("lse", args.lse), tensor_range("q", args.q),
+       tensor_range("kv_cache", args.kv_cache), tensor_range("indices", args.indices),
+       tensor_range("topk_length", args.topk_length), tensor_range("attn_sink", args.attn_sink)}));
+  if (detail::is_empty_problem(scheduled)) return Status::ok();  // the empty result: nothing to write
 #if MLAKIT_WITH_CUDA
   return detail::dispatch_mla_sparse_decode(args, plan, sparse_lengths(args.topk_length, shape.topk, shape.s_q),
                                             detail::resolve_softmax_scale(args.softmax_scale, 576), stream);

@@ -1,10 +1,10 @@
 #include "host/mla_sparse_decode_validate.h"
 
-#include <cmath>
 #include <string>
 
 #include "common/fp8_cache_row.h"
 #include "host/check.h"
+#include "host/output_check.h"
 
 namespace mlakit::detail {
 
@@ -15,13 +15,10 @@ Status validate_mla_sparse_decode_args(const char* op, const MlaSparseDecodeArgs
   MLAKIT_RETURN_IF_ERROR(check_rank(op, "q", a.q, 4));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "q", a.q, 3, "d_qk", kFp8NopeDim + kFp8RopeDim));
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "q", a.q));
-  SparseDecodeShape s;
+  SparseDecodeShape s;  // b, s_q or h_q of 0: the empty result
   s.b = a.q.shape[0];
-  s.s_q = static_cast<int>(a.q.shape[1]);
-  s.h_q = static_cast<int>(a.q.shape[2]);
-  if (s.b < 1 || s.s_q < 1 || s.h_q < 1) {
-    return invalid(op, "q.shape: expected b, s_q, h_q >= 1, got " + shape_string(a.q));
-  }
+  MLAKIT_RETURN_IF_ERROR(int_dim(op, "q", a.q, 1, "s_q", &s.s_q));
+  MLAKIT_RETURN_IF_ERROR(int_dim(op, "q", a.q, 2, "h_q", &s.h_q));
 
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "kv_cache", a.kv_cache));
   MLAKIT_RETURN_IF_ERROR(check_dtype(op, "kv_cache", a.kv_cache, {DType::kUInt8, DType::kFP8E4M3, DType::kInt8}));
@@ -29,11 +26,9 @@ Status validate_mla_sparse_decode_args(const char* op, const MlaSparseDecodeArgs
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "kv_cache", a.kv_cache, 2, "h_kv", 1));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "kv_cache", a.kv_cache, 3, "bytes per token", kFp8TokenBytes));
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "kv_cache", a.kv_cache));
+  MLAKIT_RETURN_IF_ERROR(check_paged_cache_dims(op, "kv_cache", a.kv_cache));
   s.num_blocks = a.kv_cache.shape[0];
   s.page_size = a.kv_cache.shape[1];
-  if (s.page_size < 1) {
-    return invalid(op, "kv_cache.shape[1] (page_block_size): expected >= 1, got " + std::to_string(s.page_size));
-  }
 
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "indices", a.indices));
   MLAKIT_RETURN_IF_ERROR(check_dtype(op, "indices", a.indices, {DType::kInt32}));
@@ -67,6 +62,9 @@ Status validate_mla_sparse_decode_args(const char* op, const MlaSparseDecodeArgs
     return invalid(op, "causal: expected false (sparse attention attends exactly the listed indices), got true");
   }
   MLAKIT_RETURN_IF_ERROR(check_logit_scale(op, "softmax_scale", a.softmax_scale));
+  MLAKIT_RETURN_IF_ERROR(check_outputs(op, {{"out", a.out}, {"lse", a.lse}},
+                                       {{"q", a.q}, {"kv_cache", a.kv_cache}, {"indices", a.indices},
+                                        {"topk_length", a.topk_length}, {"attn_sink", a.attn_sink}}));
   *shape = s;
   return Status::ok();
 }

@@ -1,5 +1,6 @@
-// Validation of the sparse FP8 MLA decode arguments (shared by the reference and, later, the
-// GPU entry point).
+// Validation of the sparse FP8 MLA decode arguments (shared by the reference and the GPU entry
+// point): dtypes, ranks, shape agreement (sizes the kernels index with int range-checked),
+// contiguity, scale, outputs (own elements, disjoint from each other and the inputs).
 #pragma once
 
 #include <cstdint>

@@ -1,10 +1,10 @@
 #include "host/mla_sparse_prefill_validate.h"
 
-#include <cmath>
 #include <string>
 #include <utility>
 
 #include "host/check.h"
+#include "host/output_check.h"
 
 namespace mlakit::detail {
 namespace {
@@ -26,15 +26,15 @@ Status validate_mla_sparse_prefill_args(const char* op, const MlaSparsePrefillAr
   MLAKIT_RETURN_IF_ERROR(check_dtype(op, "q", a.q, {DType::kBF16}));
   MLAKIT_RETURN_IF_ERROR(check_rank(op, "q", a.q, 3));
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "q", a.q));
-  SparsePrefillShape s;
+  SparsePrefillShape s;  // s_q or h_q of 0: the empty result
   s.s_q = a.q.shape[0];
-  s.h_q = static_cast<int>(a.q.shape[1]);
-  s.d_qk = static_cast<int>(a.q.shape[2]);
+  MLAKIT_RETURN_IF_ERROR(int_dim(op, "q", a.q, 1, "h_q", &s.h_q));
+  MLAKIT_RETURN_IF_ERROR(int_dim(op, "q", a.q, 2, "d_qk", &s.d_qk));
   if (s.d_qk != 576 && s.d_qk != 512) {
-    return unsupported(op, "q.shape[2] (d_qk): expected 576 or 512, got " + std::to_string(a.q.shape[2]));
+    return unsupported(op, "q.shape[2] (d_qk): expected 576 or 512, got " + std::to_string(s.d_qk));
   }
-  if (s.h_q < 1 || a.q.shape[1] > 65536) {
-    return invalid(op, "q.shape[1] (h_q): expected 1 <= h_q <= 65536, got " + std::to_string(a.q.shape[1]));
+  if (s.h_q > 65536) {
+    return invalid(op, "q.shape[1] (h_q): expected 0 <= h_q <= 65536, got " + std::to_string(s.h_q));
   }
   if (a.d_v != 512) return unsupported(op, "d_v: expected 512, got " + std::to_string(a.d_v));
 
@@ -71,6 +71,9 @@ Status validate_mla_sparse_prefill_args(const char* op, const MlaSparsePrefillAr
     return invalid(op, "lse_base: expected kBase2 or kNatural, got " + std::to_string(static_cast<int>(a.lse_base)));
   }
   MLAKIT_RETURN_IF_ERROR(check_logit_scale(op, "sm_scale", a.sm_scale));
+  MLAKIT_RETURN_IF_ERROR(check_outputs(op, {{"out", a.out}, {"max_logits", a.max_logits}, {"lse", a.lse}},
+                                       {{"q", a.q}, {"kv", a.kv}, {"indices", a.indices},
+                                        {"topk_length", a.topk_length}, {"attn_sink", a.attn_sink}}));
   *shape = s;
   return Status::ok();
 }
@@ -86,9 +89,9 @@ Status validate_mla_sparse_prefill_kernel_args(const char* op, const MlaSparsePr
   for (const auto& [name, t] : four_byte) {
     if (!t->empty()) MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, name, *t, 4));
   }
-  const int64_t row_tiles = (shape.h_q + rows_per_cta - 1) / rows_per_cta;
+  const int64_t row_tiles = (shape.h_q + rows_per_cta - 1) / rows_per_cta;  // 0 for h_q 0: nothing launched
   constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;
-  if (shape.s_q > kMaxGridX / row_tiles) {
+  if (row_tiles > 0 && shape.s_q > kMaxGridX / row_tiles) {
     return unsupported(op, "q.shape[0] (s_q): expected s_q * ceil(h_q / " + std::to_string(rows_per_cta) +
                                ") <= 2^31 - 1 (one CTA per token and row tile), got s_q = " +
                                std::to_string(shape.s_q) + ", h_q = " + std::to_string(shape.h_q));

@@ -234,8 +234,8 @@ TEST(DecodeLayout, AnyLengthsScheduleFitsTheWorkspace) {
 TEST(DecodeLayout, RejectsInvalidProblemsNamingTheField) {
   MlaDecodePlan plan;
   plan.num_parts = 12345;  // must stay untouched on error
-  EXPECT_TRUE(IsInvalid(make_decode_layout(problem(0, 1, 128, 1), h100(), &plan),
-                        {"mla_decode_plan", "b:", "got 0"}));
+  EXPECT_TRUE(IsInvalid(make_decode_layout(problem(-1, 1, 128, 1), h100(), &plan),
+                        {"mla_decode_plan", "b:", "got -1"}));
   EXPECT_TRUE(IsInvalid(make_decode_layout(problem(1, 1, 128, 3), h100(), &plan),
                         {"h_q % h_kv", "h_q = 128", "h_kv = 3"}));
   MlaDecodeProblem dqk = problem(1, 1, 128, 1);

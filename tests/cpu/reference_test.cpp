@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,7 +38,7 @@ struct Naive {
 
 Naive naive_decode(const support::HostDecodeCase& c) {
   const auto& s = c.spec;
-  const double scale = std::isnan(s.softmax_scale) ? 1.0 / std::sqrt(double(kDqk)) : s.softmax_scale;
+  const double scale = s.softmax_scale ? double(*s.softmax_scale) : 1.0 / std::sqrt(double(kDqk));
   Naive r{std::vector<double>(c.out_elems()), std::vector<double>(c.lse_elems())};
   for (int64_t i = 0; i < c.b; ++i) {
     const int64_t L = std::max(c.seqlens[i], 0);
@@ -265,14 +266,14 @@ TEST_P(ReferenceSweep, MatchesNaiveFormula) {
         .page_size = param.page_size,
         .causal = param.causal,
         .dtype = (index / 2) % 2 ? DType::kFP16 : DType::kBF16,
-        .softmax_scale = std::vector<float>{kDefaultSoftmaxScale, 0.3f, -0.07f}[index % 3],
+        .softmax_scale = std::vector<std::optional<float>>{std::nullopt, 0.3f, -0.07f}[index % 3],
         .spare_blocks = 2,
         .seed = rng(),
     };
     const bool padded = (index / 4) % 2 == 1;
     SCOPED_TRACE("s_q " + std::to_string(k.s_q) + " h_q " + std::to_string(spec.h_q) + " h_kv " +
                  std::to_string(k.h_kv) + " b " + std::to_string(k.b) + " dtype " + dtype_name(spec.dtype) +
-                 " scale " + std::to_string(spec.softmax_scale) + (padded ? " padded views" : ""));
+                 " scale " + (spec.softmax_scale ? std::to_string(*spec.softmax_scale) : "default") + (padded ? " padded views" : ""));
     const support::HostDecodeCase c = support::make_decode_case(spec);
     ViewBuffers v = make_views(c, padded);
     const Status st = reference::mla_decode(v.args);

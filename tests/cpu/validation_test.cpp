@@ -140,11 +140,13 @@ const ArgsErrorCase kArgsErrorCases[] = {
      {"kv_cache.stride[3]: expected 1 (last dimension contiguous), got 3"}},
     {"kv_d_qk", [](A& a) { a.kv_cache.shape[3] = 512; }, kInv, {"kv_cache.shape[3] (d_qk): expected 576, got 512"}},
     {"q_s_q_too_large", [](A& a) { a.q.shape[1] = kBig31; }, kInv,
-     {"dimension too large", "q [2, 2147483648, 4, 576]"}},
-    {"q_h_q_truncates", [](A& a) { a.q.shape[2] = kBig31 * 2 + 4; }, kInv, {"dimension too large", "4294967300"}},
-    {"q_d_qk_truncates", [](A& a) { a.q.shape[3] = kBig31 * 2 + 576; }, kInv, {"dimension too large", "4294967872"}},
+     {"q.shape[1] (s_q): dimension too large: expected <= 2^31 - 1, got 2147483648"}},
+    {"q_h_q_truncates", [](A& a) { a.q.shape[2] = kBig31 * 2 + 4; }, kInv,
+     {"q.shape[2] (h_q): dimension too large", "4294967300"}},
+    {"q_d_qk_truncates", [](A& a) { a.q.shape[3] = kBig31 * 2 + 576; }, kInv,
+     {"q.shape[3] (d_qk): dimension too large", "4294967872"}},
     {"kv_h_kv_too_large", [](A& a) { a.kv_cache.shape[2] = kBig31; }, kInv,
-     {"dimension too large", "kv_cache [", "2147483648"}},
+     {"kv_cache.shape[2] (h_kv): dimension too large", "2147483648"}},
     {"page_size_0", [](A& a) { a.kv_cache.shape[1] = 0; }, kInv,
      {"kv_cache.shape[1] (page_block_size): expected 1 <= page_block_size <= 2^30, got 0"}},
     {"page_size_too_large", [](A& a) { a.kv_cache.shape[1] = (int64_t{1} << 30) + 1; }, kInv,
@@ -193,11 +195,10 @@ const ArgsErrorCase kArgsErrorCases[] = {
      {"lse.stride[2]: expected 1 (last dimension contiguous), got 4"}},
     // softmax_scale
     {"scale_inf", [](A& a) { a.softmax_scale = INFINITY; }, kInv,
-     {"softmax_scale: expected a finite value (or kDefaultSoftmaxScale), got inf"}},
+     {"softmax_scale: expected a finite value (or unset for 1 / sqrt(d_qk)), got inf"}},
     {"scale_minus_inf", [](A& a) { a.softmax_scale = -INFINITY; }, kInv, {"softmax_scale: expected a finite value", "got -inf"}},
+    {"scale_nan", [](A& a) { a.softmax_scale = NAN; }, kInv, {"softmax_scale: expected a finite value", "got nan"}},
     // the problem the shapes describe
-    {"b_0", [](A& a) { a.q.shape[0] = a.block_table.shape[0] = a.cache_seqlens.shape[0] = a.out.shape[0] = a.lse.shape[0] = 0; },
-     kInv, {"b: expected 1 <= b <= 2^30, got 0"}},
     {"b_too_large",
      [](A& a) {
        const int64_t b = (int64_t{1} << 30) + 1;
@@ -207,14 +208,11 @@ const ArgsErrorCase kArgsErrorCases[] = {
        }
        a.cache_seqlens.shape[0] = b;
      },
-     kInv, {"b: expected 1 <= b <= 2^30, got 1073741825"}},
-    {"s_q_0", [](A& a) { a.q.shape[1] = a.out.shape[1] = a.lse.shape[2] = 0; }, kInv,
-     {"s_q: expected 1 <= s_q <= 1024, got 0"}},
+     kInv, {"b: expected 0 <= b <= 2^30, got 1073741825"}},
     {"s_q_1025", [](A& a) { a.q.shape[1] = a.out.shape[1] = a.lse.shape[2] = 1025; }, kInv,
-     {"s_q: expected 1 <= s_q <= 1024, got 1025"}},
+     {"s_q: expected 0 <= s_q <= 1024, got 1025"}},
     {"h_kv_0", [](A& a) { a.kv_cache.shape[2] = 0; }, kInv, {"h_kv: expected 1 <= h_kv <= 65535, got 0"}},
     {"h_kv_65536", [](A& a) { a.kv_cache.shape[2] = 65536; }, kInv, {"h_kv: expected 1 <= h_kv <= 65535, got 65536"}},
-    {"h_q_0", [](A& a) { a.q.shape[2] = a.out.shape[2] = a.lse.shape[1] = 0; }, kInv, {"h_q: expected >= 1, got 0"}},
     {"h_q_not_multiple", [](A& a) { a.q.shape[2] = a.out.shape[2] = a.lse.shape[1] = 3; }, kInv,
      {"h_q % h_kv: expected 0", "got h_q = 3, h_kv = 2"}},
 };
@@ -264,8 +262,8 @@ TEST(ValidateMlaDecodeArgs, NullTensorsWhoseElementCountWrapsAreRejected) {
 }
 
 TEST(ResolveSoftmaxScale, DefaultIsOneOverSqrtDqk) {
-  EXPECT_FLOAT_EQ(detail::resolve_softmax_scale(kDefaultSoftmaxScale, 576), 1.0f / 24.0f);
-  EXPECT_FLOAT_EQ(detail::resolve_softmax_scale(kDefaultSoftmaxScale, 64), 0.125f);
+  EXPECT_FLOAT_EQ(detail::resolve_softmax_scale(std::nullopt, 576), 1.0f / 24.0f);
+  EXPECT_FLOAT_EQ(detail::resolve_softmax_scale(std::nullopt, 64), 0.125f);
   EXPECT_EQ(detail::resolve_softmax_scale(0.3f, 576), 0.3f);
   EXPECT_EQ(detail::resolve_softmax_scale(-2.0f, 576), -2.0f);
 }
@@ -300,15 +298,13 @@ TEST(ValidateDecodeProblem, EveryErrorPath) {
     std::vector<std::string> parts;
   };
   const Case cases[] = {
-      {[](MlaDecodeProblem& p) { p.b = 0; }, kInv, {"op: b: expected 1 <= b <= 2^30, got 0"}},
-      {[](MlaDecodeProblem& p) { p.b = -3; }, kInv, {"b:", "got -3"}},
+      {[](MlaDecodeProblem& p) { p.b = -3; }, kInv, {"op: b: expected 0 <= b <= 2^30, got -3"}},
       {[](MlaDecodeProblem& p) { p.b = (int64_t{1} << 30) + 1; }, kInv, {"b:", "got 1073741825"}},
-      {[](MlaDecodeProblem& p) { p.s_q = 0; }, kInv, {"op: s_q: expected 1 <= s_q <= 1024, got 0"}},
+      {[](MlaDecodeProblem& p) { p.s_q = -1; }, kInv, {"op: s_q: expected 0 <= s_q <= 1024, got -1"}},
       {[](MlaDecodeProblem& p) { p.s_q = 1025; }, kInv, {"s_q:", "got 1025"}},
       {[](MlaDecodeProblem& p) { p.h_kv = 0; }, kInv, {"op: h_kv: expected 1 <= h_kv <= 65535, got 0"}},
       {[](MlaDecodeProblem& p) { p.h_kv = 65536; p.h_q = 65536; }, kInv, {"h_kv:", "got 65536"}},
-      {[](MlaDecodeProblem& p) { p.h_q = 0; }, kInv, {"op: h_q: expected >= 1, got 0"}},
-      {[](MlaDecodeProblem& p) { p.h_q = -128; }, kInv, {"h_q: expected >= 1, got -128"}},
+      {[](MlaDecodeProblem& p) { p.h_q = -128; }, kInv, {"op: h_q: expected >= 0, got -128"}},
       {[](MlaDecodeProblem& p) { p.h_kv = 3; }, kInv,
        {"op: h_q % h_kv: expected 0 (h_q a multiple of h_kv), got h_q = 128, h_kv = 3"}},
       {[](MlaDecodeProblem& p) { p.d_qk = 512; }, StatusCode::kUnsupported,
@@ -442,9 +438,9 @@ TEST(EntryPoints, WorkspaceSizeNeedsBytesPointer) {
 TEST(EntryPoints, WorkspaceSizeRejectsInvalidProblems) {
   std::size_t bytes = 777;
   MlaDecodeProblem p = good_problem();
-  p.h_q = 0;
+  p.h_q = -1;
   EXPECT_TRUE(IsInvalid(mla_decode_workspace_size(p, &bytes),
-                        {"mla_decode_workspace_size: h_q: expected >= 1, got 0"}));
+                        {"mla_decode_workspace_size: h_q: expected >= 0, got -1"}));
   p = good_problem();
   p.d_v = 128;
   EXPECT_TRUE(StatusIs(mla_decode_workspace_size(p, &bytes), StatusCode::kUnsupported,
@@ -476,9 +472,9 @@ TEST(EntryPoints, PlanRejectsInvalidProblems) {
   MlaDecodePlan plan;
   plan.num_parts = 4321;
   MlaDecodeProblem p = good_problem();
-  p.s_q = 0;
+  p.s_q = 1025;
   EXPECT_TRUE(IsInvalid(mla_decode_plan(p, v.args.cache_seqlens, nullptr, 0, nullptr, &plan),
-                        {"mla_decode_plan: s_q: expected 1 <= s_q <= 1024, got 0"}));
+                        {"mla_decode_plan: s_q: expected 0 <= s_q <= 1024, got 1025"}));
   p = good_problem();
   p.h_kv = 7;
   EXPECT_TRUE(IsInvalid(mla_decode_plan(p, v.args.cache_seqlens, nullptr, 0, nullptr, &plan),

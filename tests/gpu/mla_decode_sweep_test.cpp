@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,13 +32,13 @@ struct SweepCase {
   bool varlen;
   bool zeros;  // some sequences of length 0
   DType dtype;
-  float scale = kDefaultSoftmaxScale;  // 2.0 makes the softmax peaked (logit std ~4)
+  std::optional<float> scale;  // unset: 1 / sqrt(576); 2.0 makes the softmax peaked (logit std ~4)
 
   std::string name() const {
     std::ostringstream s;
     s << "b" << b << "_sq" << s_q << "_hq" << h_q << "_hkv" << h_kv << "_sk" << s_k << "_page" << page
       << (causal ? "_causal" : "") << (varlen ? "_varlen" : "_fixed") << (zeros ? "_zeros" : "")
-      << (dtype == DType::kFP16 ? "_fp16" : "_bf16") << (std::isnan(scale) ? "" : "_scale2");
+      << (dtype == DType::kFP16 ? "_fp16" : "_bf16") << (scale ? "_scale2" : "");
     return s.str();
   }
 };
@@ -73,7 +74,7 @@ std::vector<SweepCase> sweep_cases() {
             cases.push_back(SweepCase{small_b[rot % 3], s_q, h_q, h_kv, small_sk[rot % 2], page,
                                       causal == 1, rot % 2 == 0, rot % 5 == 0,
                                       rot % 7 == 0 ? DType::kFP16 : DType::kBF16,
-                                      rot % 3 == 1 ? 2.0f : kDefaultSoftmaxScale});
+                                      rot % 3 == 1 ? std::optional<float>(2.0f) : std::nullopt});
           }
         }
       }

@@ -125,8 +125,9 @@ def sparse_decode_reference(q, cache_bf16, indices, scale, topk_length=None, sin
     return out, lse
 
 
-def sparse_prefill_reference(q, kv, indices, sm_scale, topk_length=None, sink=None):
-    """Float64, base-2 statistics: (out, max_logits, lse)."""
+def sparse_prefill_reference(q, kv, indices, sm_scale, topk_length=None, sink=None, natural=False):
+    """Float64: (out, max_logits, lse), statistics in base 2 (natural log with `natural`)."""
+    to_base = 1.0 if natural else LOG2E
     q, kv = as_float(q), as_float(kv)[:, 0]
     s_q, h_q, d_qk = q.shape
     out = np.zeros((s_q, h_q, D_V))
@@ -139,6 +140,6 @@ def sparse_prefill_reference(q, kv, indices, sm_scale, topk_length=None, sink=No
             continue
         keys = kv[valid]
         out[i], lse_e = attention(q[i], keys, sm_scale, sink)
-        lse[i] = lse_e * LOG2E
-        max_logits[i] = (q[i] @ keys.T * sm_scale).max(axis=1) * LOG2E
+        lse[i] = lse_e * to_base
+        max_logits[i] = (q[i] @ keys.T * sm_scale).max(axis=1) * to_base
     return out, max_logits, lse

@@ -20,6 +20,7 @@ from numpy_cases import (
     fp8_cache_case,
     paged_case,
     sparse_decode_reference,
+    sparse_prefill_reference,
     sparse_indices,
     to_bf16,
 )
@@ -72,16 +73,40 @@ def test_sparse_fp8_decode_matches_the_reference():
     assert meta.config.topk == topk and meta.config.is_fp8_kvcache
 
 
-def test_sparse_prefill_is_mlakit_base2_prefill():
-    rng = np.random.default_rng(12)
+def _prefill_case(rng):
     q = to_bf16(activations(rng, (4, 16, D_QK)))
     kv = to_bf16(cache_values(rng, (12, 1, D_QK)))
     indices = rng.integers(-1, 12, size=(4, 1, 64)).astype(np.int32)
-    ours = flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.04)
-    native = mlakit.mla_sparse_prefill(q, kv, indices, 0.04, lse_base="2")
-    assert len(ours) == 3
-    for a, b in zip(ours, native):
+    indices[2] = -1  # a token with no valid index: 0, -inf, +inf
+    return q, kv, indices
+
+
+def test_sparse_prefill_returns_natural_log_statistics_like_flash_mla():
+    """SPEC 9: the FlashMLA that engines run on Hopper returns natural-log max_logits and lse."""
+    q, kv, indices = _prefill_case(np.random.default_rng(12))
+    out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.04)
+    ref_out, ref_max, ref_lse = sparse_prefill_reference(q, kv, indices, 0.04, natural=True)
+    check_out(as_float(out), ref_out)
+    check_stat(max_logits, ref_max, "max_logits")
+    check_stat(lse, ref_lse)
+    assert np.all(max_logits[2] == -np.inf) and np.all(lse[2] == np.inf) and np.all(out[2] == 0)
+    # The same computation as mlakit's own prefill with natural-log statistics.
+    for a, b in zip((out, max_logits, lse), mlakit.mla_sparse_prefill(q, kv, indices, 0.04, lse_base="e")):
         np.testing.assert_array_equal(a, b)
+
+
+def test_sparse_prefill_base2_is_one_explicit_keyword():
+    q, kv, indices = _prefill_case(np.random.default_rng(16))
+    ours = flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.04, lse_base="2")
+    for a, b in zip(ours, mlakit.mla_sparse_prefill(q, kv, indices, 0.04, lse_base="2")):
+        np.testing.assert_array_equal(a, b)
+    ref_max, ref_lse = sparse_prefill_reference(q, kv, indices, 0.04)[1:]
+    check_stat(ours[1], ref_max, "max_logits")
+    check_stat(ours[2], ref_lse)
+    with pytest.raises(TypeError):  # keyword only: no FlashMLA call passes it by position
+        flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.04, 512, None, None, 0, "2")
+    with pytest.raises(ValueError, match=r"flash_mla_sparse_fwd: lse_base: expected '2' or 'e', got '10'"):
+        flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.04, lse_base="10")
 
 
 def test_a_flash_mla_decoding_loop_matches_the_reference():

@@ -160,13 +160,18 @@ def test_cuda_graph_of_a_flash_mla_step_replays_with_new_lengths(form):
             check(out, lse, *dense_reference(q, kv, table, cache_seqlens))
 
 
-def test_sparse_prefill_returns_flash_mla_shapes_with_base2_statistics():
+@pytest.mark.parametrize("lse_base", ["e", "2"])
+def test_sparse_prefill_returns_flash_mla_shapes_with_natural_log_statistics(lse_base):
+    """FlashMLA on Hopper returns natural-log max_logits and lse; lse_base="2" is the switch
+    to the 2025 releases' base 2."""
     s_q, h_q, topk, s_kv = 16, 64, 256, 1000
     gen = generator(34)
     q = activations(gen, (s_q, h_q, 576))
     kv = cache_values(gen, (s_kv, 1, 576)).to(torch.bfloat16)
     indices = sparse_indices(gen, 1, s_q, topk, s_kv, s_kv).view(s_q, 1, topk)
-    out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(q, kv, indices, 576**-0.5)
-    ref_out, ref_max, ref_lse = sparse_prefill_reference(q, kv, indices, 576**-0.5)
+    kwargs = {} if lse_base == "e" else {"lse_base": "2"}
+    out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(q, kv, indices, 576**-0.5, **kwargs)
+    assert out.shape == (s_q, h_q, 512) and max_logits.shape == lse.shape == (s_q, h_q)
+    ref_out, ref_max, ref_lse = sparse_prefill_reference(q, kv, indices, 576**-0.5, natural=lse_base == "e")
     check(out, lse, ref_out, ref_lse)
     check_stat(to_numpy(max_logits), to_numpy(ref_max), "max_logits")

@@ -140,8 +140,9 @@ def sparse_reference(q, cache, indices, scale=None, topk_length=None, attn_sink=
         out *= (1 / (1 + torch.exp(attn_sink.double().view(1, 1, -1) - lse))).unsqueeze(-1)
     return out, lse.masked_fill(lse == -math.inf, math.inf).transpose(1, 2)
 
-def sparse_prefill_reference(q, kv, indices, sm_scale, topk_length=None, attn_sink=None):
-    """Float64 sparse prefill with base-2 statistics: (out [s_q, h_q, 512], max_logits, lse)."""
+def sparse_prefill_reference(q, kv, indices, sm_scale, topk_length=None, attn_sink=None, natural=False):
+    """Float64 sparse prefill: (out [s_q, h_q, 512], max_logits, lse), statistics in base 2
+    (natural log with `natural`)."""
     s_q, topk = indices.shape[0], indices.shape[-1]
     valid = (indices[:, 0] >= 0) & (indices[:, 0] < kv.shape[0])
     if topk_length is not None:
@@ -153,8 +154,8 @@ def sparse_prefill_reference(q, kv, indices, sm_scale, topk_length=None, attn_si
     out = torch.einsum("shk,skd->shd", weights, keys[..., :D_V])
     if attn_sink is not None:
         out *= (1 / (1 + torch.exp(attn_sink.double().view(1, -1) - lse))).unsqueeze(-1)
-    log2e = 1 / math.log(2)
-    return out, z.amax(dim=-1) * log2e, lse.masked_fill(lse == -math.inf, math.inf) * log2e
+    to_base = 1.0 if natural else 1 / math.log(2)
+    return out, z.amax(dim=-1) * to_base, lse.masked_fill(lse == -math.inf, math.inf) * to_base
 
 
 def to_numpy(t):

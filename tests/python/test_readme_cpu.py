@@ -1,0 +1,53 @@
+"""The README's Python snippet, run as written on NumPy host arrays (the README says host
+arrays run the CPU reference): plan, dense decode with the plan, FP8 cache, sparse decode."""
+
+import math
+
+import numpy as np
+
+import mlakit
+from accuracy import check_out, check_stat
+from numpy_cases import (
+    D_QK,
+    activations,
+    as_float,
+    dense_reference,
+    fp8_cache_case,
+    paged_case,
+    sparse_decode_reference,
+    sparse_indices,
+    to_bf16,
+)
+
+
+def test_the_readme_python_snippet_runs_on_numpy_arrays():
+    rng = np.random.default_rng(40)
+    s_q, h_q, h_kv = 2, 8, 1
+    q, kv_cache, block_table, cache_seqlens = paged_case(rng, (33, 0, 70), s_q=s_q, h_q=h_q, h_kv=h_kv)
+    kv_bf16, _ = fp8_cache_case(rng)
+
+    # --- as in README.md, "Python" ---
+    ws_plan = mlakit.mla_decode_plan(cache_seqlens, s_q, h_q, h_kv)        # once per step
+    out, lse = mlakit.mla_decode(q, kv_cache, block_table, cache_seqlens, causal=True, plan=ws_plan)
+    cache = mlakit.quantize_fp8_cache(kv_bf16)                              # 656-byte FP8 cache
+    # ---
+    ref_out, ref_lse = dense_reference(q, kv_cache, block_table, cache_seqlens, causal=True)
+    check_out(as_float(out), ref_out)
+    check_stat(lse, ref_lse)
+    workspace, plan = ws_plan
+    assert (plan.b, plan.s_q, plan.h_q, plan.h_kv, plan.kernel) == (3, s_q, h_q, h_kv, "reference")
+    assert workspace.size == 0  # the CPU reference needs no schedule
+
+    b, topk = 2, 32
+    q = to_bf16(activations(rng, (b, s_q, h_q, D_QK)))
+    indices = sparse_indices(rng, b, s_q, topk, cache.shape[0] * cache.shape[1])
+    topk_length = np.array([topk, 9], np.int32)
+    attn_sink = rng.standard_normal(h_q).astype(np.float32)
+    # --- as in README.md ---
+    out, lse = mlakit.mla_sparse_decode(q, cache, indices, topk_length, attn_sink)
+    # ---
+    ref_out, ref_lse = sparse_decode_reference(
+        q, mlakit.dequantize_fp8_cache(cache), indices, 1 / math.sqrt(D_QK), topk_length, attn_sink
+    )
+    check_out(as_float(out), ref_out)
+    check_stat(lse, ref_lse)
