@@ -9,7 +9,10 @@ case and handed to every side unchanged.
   NaN as e4m3, float32 and bf16) in every token no index lists.
 - Sparse prefill: topk distinct rows per query token, uniform over s_kv or 90% of them in the
   last `window` rows, in random order.
-q and the caches are N(0, 1). Lengths, block tables and index choices come from a CPU
+q ~ N(0, 1); the decode caches ~ N(0, 1) / 10 clamped to [-1, 1] (FlashMLA's decode tests, and
+the scale SPEC 8's absolute tolerance is meant for: with N(0, 1) cache values the bf16
+rounding of P alone moves outputs of the shortest sequences by ~1e-2 in both libraries);
+the prefill's kv N(0, 1). Lengths, block tables and index choices come from a CPU
 generator (the same draw on any device); the large tensors from one on the device.
 """
 
@@ -48,6 +51,12 @@ def _normal(shape, dtype, device, gen) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device).normal_(generator=gen)
 
 
+def _cache_values(shape, device, gen) -> torch.Tensor:
+    """Decode cache values: N(0, 1) / 10 clamped to [-1, 1], in bf16."""
+    values = torch.empty(shape, dtype=torch.float32, device=device).normal_(generator=gen)
+    return (values / 10).clamp_(-1, 1).to(torch.bfloat16)
+
+
 def _varlen(b: int, s_k: int, s_q: int, gen: torch.Generator, varlen: bool) -> torch.Tensor:
     if not varlen:
         return torch.full((b,), s_k, dtype=torch.int32)
@@ -65,7 +74,7 @@ def dense_decode(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
     lengths = _varlen(b, p["s_k"], s_q, host, p["varlen"])
     blocks_per_seq = math.ceil(int(lengths.max()) / page)
     block_table = _shuffled_block_table(b, blocks_per_seq, host)
-    cache = _normal((b * blocks_per_seq, page, h_kv, D_QK), torch.bfloat16, device, dev)
+    cache = _cache_values((b * blocks_per_seq, page, h_kv, D_QK), device, dev)
     q = _normal((b, s_q, h_q, D_QK), torch.bfloat16, device, dev)
     # NaN in every slot past each sequence's length.
     pos = torch.arange(blocks_per_seq * page)
@@ -135,7 +144,7 @@ def sparse_decode(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
     chunk = 1 << 20  # tokens quantized at once (bf16 staging + float32 temporaries ~3.5 GB)
     for first in range(0, num_tokens, chunk):
         count = min(chunk, num_tokens - first)
-        cache[first : first + count] = quantize_fp8(_normal((count, D_QK), torch.bfloat16, device, dev))
+        cache[first : first + count] = quantize_fp8(_cache_values((count, D_QK), device, dev))
     logical = _distinct(b * s_q, s_k, topk, device, dev).view(b, s_q, topk)
     batch = torch.arange(b, device=device)[:, None, None]
     slots = block_table[batch, logical // page] * page + logical % page

@@ -73,9 +73,10 @@ def _side_cell(rec: Dict[str, Any], name: str, key: str, fmt) -> str:
     side = rec["sides"].get(name)
     if side is None:
         return "n/a"
-    if not side.get("check", {}).get("ok", False):
-        return "FAILED"
-    return fmt(side.get(key))
+    failed = not side.get("check", {}).get("ok", False)
+    if side.get(key) is None:
+        return "FAILED" if failed else "-"
+    return fmt(side.get(key)) + ("*" if failed else "")  # *: timed, but missed its check
 
 
 def table(header: Dict[str, Any], records: List[Dict[str, Any]]) -> str:
@@ -105,7 +106,7 @@ def table(header: Dict[str, Any], records: List[Dict[str, Any]]) -> str:
         for name, side in rec["sides"].items():
             check = side.get("check", {})
             if not check.get("ok", False):
-                lines.append(f"    {name} failed its check: {_failure(check)}")
+                lines.append(f"    {name} failed its check (figures marked *): {_failure(check)}")
     return "\n".join(lines)
 
 
