@@ -74,6 +74,26 @@ HostSparseCase make_sparse_case(const SparseCaseSpec& spec) {
   return c;
 }
 
+void poison_unlisted_tokens(HostSparseCase& c) {
+  const SparseCaseSpec& s = c.spec;
+  const int64_t tokens = s.num_blocks * s.page_size;
+  std::vector<bool> listed(tokens, false);
+  for (int64_t i = 0; i < s.b; ++i) {
+    const int64_t counted = s.with_topk_length ? std::clamp<int64_t>(c.topk_length[i], 0, s.topk) : s.topk;
+    for (int t = 0; t < s.s_q; ++t) {
+      const int32_t* row = c.indices.data() + (i * s.s_q + t) * s.topk;
+      for (int64_t k = 0; k < counted; ++k) {
+        if (row[k] >= 0 && row[k] < tokens) listed[row[k]] = true;
+      }
+    }
+  }
+  for (int64_t slot = 0; slot < tokens; ++slot) {
+    if (listed[slot]) continue;
+    std::fill_n(c.cache.begin() + slot * 656, 656, uint8_t{0xFF});
+    std::fill_n(c.dequantized.begin() + slot * 576, 576, uint16_t{0x7fc0});
+  }
+}
+
 SparseReferenceResult run_sparse_reference(HostSparseCase& c) {
   SparseReferenceResult r;
   r.out.assign(c.out_elems(), NAN);

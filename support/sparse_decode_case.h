@@ -45,6 +45,14 @@ struct HostSparseCase {
 
 HostSparseCase make_sparse_case(const SparseCaseSpec& spec);
 
+// Sets every byte of every cache token that no counted index lists to 0xFF (NaN as e4m3, as
+// the float32 scales and as the bf16 RoPE values) and its dequantized twin to NaN, so that a
+// kernel reading one shows NaN. Counted: valid slots among the first topk_length[i] (clamped
+// to [0, topk]; all topk without topk_length) indices of each row. The reference reads only
+// counted tokens, so its results do not change. Call after the last edit of c.indices or
+// c.topk_length.
+void poison_unlisted_tokens(HostSparseCase& c);
+
 struct SparseReferenceResult {
   std::vector<float> out;  // unrounded
   std::vector<float> lse;

@@ -121,6 +121,21 @@ HostSparsePrefillCase make_sparse_prefill_case(const SparsePrefillSpec& spec) {
   return c;
 }
 
+void poison_unlisted_rows(HostSparsePrefillCase& c) {
+  const SparsePrefillSpec& s = c.spec;
+  std::vector<bool> listed(s.s_kv, false);
+  for (int64_t t = 0; t < s.s_q; ++t) {
+    const int64_t counted = s.with_topk_length ? std::clamp<int64_t>(c.topk_length[t], 0, s.topk) : s.topk;
+    const int32_t* row = c.indices.data() + t * c.indices_pitch;
+    for (int64_t k = 0; k < counted; ++k) {
+      if (row[k] >= 0 && row[k] < s.s_kv) listed[row[k]] = true;
+    }
+  }
+  for (int64_t r = 0; r < s.s_kv; ++r) {
+    if (!listed[r]) std::fill_n(c.kv.begin() + r * c.kv_pitch, c.kv_pitch, kNanBf16);
+  }
+}
+
 SparsePrefillReference run_sparse_prefill_reference(const HostSparsePrefillCase& c) {
   const SparsePrefillSpec& s = c.spec;
   SparsePrefillReference r;

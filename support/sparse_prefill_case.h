@@ -63,6 +63,13 @@ struct HostSparsePrefillCase {
 
 HostSparsePrefillCase make_sparse_prefill_case(const SparsePrefillSpec& spec);
 
+// Sets every stored column of every kv row in [0, s_kv) that no counted index lists to NaN,
+// so that a kernel reading one shows NaN. Counted: indices in [0, s_kv) among the first
+// topk_length[t] (clamped to [0, topk]; all topk without topk_length) of token t's row (the
+// indices' padding is never counted). The reference reads only counted rows, so its results
+// do not change. Call after the last edit of c.indices or c.topk_length.
+void poison_unlisted_rows(HostSparsePrefillCase& c);
+
 // The float64 reference, contiguous: out [s_q, h_q, 512] unrounded, max_logits and lse [s_q, h_q].
 struct SparsePrefillReference {
   std::vector<float> out, max_logits, lse;
