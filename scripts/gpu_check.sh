@@ -9,6 +9,12 @@
 #          identical tensors; ARGS (space-separated, e.g. --compare=--quick) go to compare.py.
 #          The JSONL and PNG land in bench/results/ and $OUT. A compare-only call:
 #          --skip-tests --skip-bench --compare (the build still runs: the package needs it).
+#   --stress[=CASES]: the GPU stress test at length (Stress/*: every case called 20 times on the
+#          same tensors, checked against the reference and bit for bit against its first call;
+#          CASES cases per family and kernel, default 500: >= 10,000 calls each), and the FP8
+#          sparse decode's race reproducer (the first sparse coverage case) called 1,000 times.
+#   --sanitize: compute-sanitizer memcheck, racecheck, synccheck and initcheck over the reduced
+#          stress suite (its coverage cases reach every kernel instance, 2 calls each).
 #   --pip: also `pip install .` into a fresh venv (build dependencies from .pip-wheels/ when the
 #          machine has no index: the device has no internet) and run the Python tests against
 #          the installed package, from outside the repository.
@@ -29,6 +35,8 @@ run_bench=1
 run_pip=0
 run_compare=0
 compare_args=""
+stress_cases=0
+run_sanitize=0
 profile=""
 timeline=""
 bench_args=()
@@ -37,6 +45,9 @@ for arg in "$@"; do
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --pip) run_pip=1 ;;
+    --stress) stress_cases=500 ;;
+    --stress=*) stress_cases="${arg#--stress=}" ;;
+    --sanitize) run_sanitize=1 ;;
     --compare) run_compare=1 ;;
     --compare=*) run_compare=1; compare_args="${arg#--compare=}" ;;
     --profile=*) profile="${arg#--profile=}" ;;
@@ -95,6 +106,30 @@ if [ "$run_tests" = 1 ]; then
   fi
   timeout 120 "$build/apps/mlakit-run" >"$OUT/main_job.log" 2>&1
   note "main job: rc=$?"; tail -6 "$OUT/main_job.log" | tee -a "$summary"
+fi
+
+gpu_tests="$build/tests/mlakit_gpu_tests"
+if [ "$stress_cases" -gt 0 ]; then
+  stress_start=$(date +%s)
+  MLAKIT_STRESS_CASES="$stress_cases" timeout "${STRESS_TIMEOUT:-420}" "$gpu_tests" --gtest_filter='Stress/*' \
+    --gtest_brief=1 >"$OUT/stress.log" 2>&1
+  note "stress ($stress_cases cases per family and kernel): rc=$? ($(( $(date +%s) - stress_start )) s)"
+  grep -E "^\[stress\]|FAILED|differ" "$OUT/stress.log" | head -12 | tee -a "$summary"
+  MLAKIT_STRESS_CASES=1 MLAKIT_STRESS_CALLS=1000 timeout 300 "$gpu_tests" \
+    --gtest_filter='Stress/SparseDecode.*/sm90' --gtest_brief=1 >"$OUT/race_case.log" 2>&1
+  note "race reproducer x1000 (sm90 sparse decode): rc=$? $(grep -E '^\[stress\]' "$OUT/race_case.log" | head -2 | tr '\n' ' ')"
+fi
+if [ "$run_sanitize" = 1 ]; then
+  # Each tool over the reduced stress suite: every kernel instance, 2 calls per case. A tool's
+  # report is an error exit (--error-exitcode), and its summary line goes to the summary.
+  for tool in memcheck synccheck initcheck racecheck; do
+    tool_start=$(date +%s)
+    MLAKIT_STRESS_CALLS=2 MLAKIT_STRESS_CASES="${SANITIZE_CASES:-12}" timeout "${SANITIZE_TIMEOUT:-300}" \
+      compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$gpu_tests" \
+      --gtest_filter='Stress/*' --gtest_brief=1 >"$OUT/sanitize_$tool.log" 2>&1
+    note "$tool: rc=$? ($(( $(date +%s) - tool_start )) s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED)' "$OUT/sanitize_$tool.log" | tr '\n' ' ' | cut -c1-200)"
+    grep -m4 -E "Race reported|Invalid|Uninitialized|Barrier" "$OUT/sanitize_$tool.log" | cut -c1-220 | tee -a "$summary"
+  done
 fi
 
 if [ "$run_pip" = 1 ]; then
