@@ -3,6 +3,7 @@
 // sequence owns (support/decode_case); outputs and the plan's partial results are poisoned
 // before every call; call 0 is checked against the float64 reference (SPEC 8) and every later
 // call bit for bit against call 0.
+#include <optional>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -101,7 +102,7 @@ DenseCase random_case(int index) {
   s.page_size = r.chance(0.2) ? r.uniform(1, 256) : r.pick({1, 16, 32, 61, 64, 64, 128, 256});
   s.causal = s.s_q > 1 && r.chance(0.5);
   s.dtype = r.chance(0.5) ? DType::kBF16 : DType::kFP16;
-  s.softmax_scale = r.chance(0.2) ? 2.0f : kDefaultSoftmaxScale;
+  s.softmax_scale = r.chance(0.2) ? std::optional<float>(2.0f) : std::nullopt;
   s.spare_blocks = r.uniform(1, 4);
   s.seed = r.seed();
   const double per_token = static_cast<double>(b) * s.s_q * s.h_q * 1088;

@@ -4,6 +4,7 @@
 // outputs are poisoned before every call and their padding must keep the poison; call 0 is
 // checked against the float64 reference (SPEC 8) and every later call bit for bit against
 // call 0.
+#include <optional>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,7 +38,7 @@ std::string case_name(int index, const Spec& s) {
   o << "case " << index << " (sq" << s.s_q << "_skv" << s.s_kv << "_hq" << s.h_q << "_d" << s.d_qk << "_topk"
     << s.topk << "_invalid" << s.invalid_fraction << "_window" << s.window << "_empty" << s.empty_token
     << (s.strided ? "_strided" : "") << (s.with_topk_length ? "_len" : "") << (s.with_sink ? "_sink" : "")
-    << (s.lse_base == LseBase::kNatural ? "_natural" : "") << (std::isnan(s.sm_scale) ? "" : "_scale")
+    << (s.lse_base == LseBase::kNatural ? "_natural" : "") << (s.sm_scale ? "_scale" : "")
     << "_seed" << s.seed << ")";
   return o.str();
 }
@@ -82,7 +83,7 @@ Spec random_case(int index) {
   s.with_topk_length = r.chance(0.4);
   s.with_sink = r.chance(0.4);
   s.lse_base = r.chance(0.3) ? LseBase::kNatural : LseBase::kBase2;
-  s.sm_scale = r.chance(0.15) ? 0.5f : kDefaultSoftmaxScale;
+  s.sm_scale = r.chance(0.15) ? std::optional<float>(0.5f) : std::nullopt;
   s.seed = r.seed();
   return s;
 }
