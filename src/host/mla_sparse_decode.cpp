@@ -30,8 +30,10 @@ Status scheduled_problem(const char* op, const MlaSparseDecodeProblem& p, MlaDec
   if (p.topk < 1 || p.topk > (1 << 20)) {
     return invalid(op, "problem.topk: expected 1 <= topk <= 2^20, got " + std::to_string(p.topk));
   }
+  // b is bounded before the product, so b * s_q (s_q an int) cannot overflow int64.
   if (p.b > (int64_t{1} << 30) || p.b * p.s_q > (int64_t{1} << 30)) {
-    return invalid(op, "problem: expected b * s_q <= 2^30, got " + std::to_string(p.b * p.s_q));
+    return invalid(op, "problem: expected b * s_q <= 2^30, got b = " + std::to_string(p.b) +
+                           ", s_q = " + std::to_string(p.s_q));
   }
   *out = MlaDecodeProblem{.b = p.b * p.s_q, .s_q = 1, .h_q = p.h_q, .h_kv = 1, .d_qk = 576, .d_v = 512};
   return Status::ok();
@@ -54,6 +56,7 @@ Status check_topk_length(const char* op, const TensorRef& t, int64_t b, int devi
   using namespace detail;
   MLAKIT_RETURN_IF_ERROR(check_vector(op, "topk_length", t, DType::kInt32, "b", b));
   MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "topk_length", t, 4));
+  if (has_no_elements(t)) return Status::ok();  // b = 0: possibly a null pointer, nothing is read
   return check_device_pointer(op, "topk_length", t.data, device);
 }
 
