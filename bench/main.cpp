@@ -280,7 +280,7 @@ int run(const Options& opt) {
                                                .number("gbps", copy.gbps)));
 
   std::printf("%-38s %8s %10s %8s %8s %8s %8s %8s %7s %17s %8s %6s\n", "case", "mean_s_k", "time_us", "plan_us",
-              "comb_us", "comb_hot", "TFLOP/s", "GB/s", "%copy", "FlashMLA(H100) us", "speedup", "MHz");
+              "comb_us", "comb_hot", "TFLOP/s", "GB/s", "%copy", "PERF.md FlashMLA us", "vs PERF.md", "MHz");
   for (const BenchCase& bc : cases) {
     cool_down();
     const DecodeResult r = run_decode_case(bc, settings);
@@ -296,7 +296,7 @@ int run(const Options& opt) {
   }
   if (!sparse_cases.empty()) {
     std::printf("\n%-44s %10s %8s %8s %8s %17s %8s %6s\n", "sparse FP8 case", "time_us", "plan_us", "TFLOP/s", "GB/s",
-                "FlashMLA(H100) us", "speedup", "MHz");
+                "PERF.md FlashMLA us", "vs PERF.md", "MHz");
   }
   for (const SparseBenchCase& sc : sparse_cases) {
     cool_down();
@@ -336,7 +336,7 @@ int run(const Options& opt) {
   }
   if (!prefill_cases.empty()) {
     std::printf("\n%-52s %10s %8s %8s %17s %8s %6s\n", "sparse prefill case", "time_us", "TFLOP/s", "GB/s",
-                "FlashMLA(H100) us", "speedup", "MHz");
+                "PERF.md FlashMLA us", "vs PERF.md", "MHz");
   }
   for (const PrefillBenchCase& pc : prefill_cases) {
     cool_down();
@@ -355,8 +355,9 @@ int run(const Options& opt) {
       "comb_us: the combine kernel alone (part of time_us), L2 flushed; comb_hot: the same with its partials\n"
       "left in L2, as inside a step right after the attention wrote them.\n");
   std::printf(
-      "FlashMLA(H100) us: fixed H100 figures from PERF.md, not measured in this run; speedup = "
-      "FlashMLA time / this time, meaningful only on an H100.\n"
+      "PERF.md FlashMLA us: fixed H100 figures from PERF.md, measured another day on other random draws;\n"
+      "vs PERF.md = that time / this time: context, NOT a comparison. Side-by-side ratios (same tensors, same\n"
+      "process, alternating) come from bench/compare.py (docs/benchmarking.md).\n"
       "%%copy: GB/s of a memory-bound case as a fraction of this run's copy bandwidth.\n"
       "MHz: median SM clock probed between the timed rounds (the power manager lowers it after sustained work).\n");
 

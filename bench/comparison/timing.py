@@ -78,7 +78,8 @@ def short_name(raw: str) -> str:
     """`void ns::kernel_name<...>(...)` -> `kernel_name`."""
     if COPY_NAMES.search(raw):
         return raw
-    name = raw.split("(")[0]
+    # "(anonymous namespace)::" is part of the scope, not the start of the argument list.
+    name = raw.replace("(anonymous namespace)::", "").split("(")[0]
     depth, kept = 0, []
     for ch in name:  # drop template arguments
         depth += ch == "<"
