@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "host/decode_layout.h"
 #include "host/mla_decode_validate.h"
 #include "mlakit/reference.h"
 #include "reference/guarded.h"
@@ -126,6 +127,8 @@ void decode_sequence(const MlaDecodeArgs& a, const MlaDecodeProblem& p, double s
 Status mla_decode(const MlaDecodeArgs& args, int num_threads) {
   MlaDecodeProblem p;
   MLAKIT_RETURN_IF_ERROR(detail::validate_mla_decode_args(kOp, args, &p, /*allow_float_out=*/true));
+  // b may be up to 2^30 with s_q or h_q 0: no loop over an empty result.
+  if (detail::is_empty_problem(p)) return Status::ok();
   const double scale = detail::resolve_softmax_scale(args.softmax_scale, p.d_qk);
   return run_guarded(kOp, [&] {
     parallel_for(p.b, num_threads, [&](int64_t seq) { decode_sequence(args, p, scale, seq); });

@@ -103,6 +103,7 @@ void decode_row_group(const MlaSparseDecodeArgs& a, const SparseDecodeShape& s, 
 Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, int num_threads) {
   SparseDecodeShape s;
   MLAKIT_RETURN_IF_ERROR(detail::validate_mla_sparse_decode_args(kOp, args, /*allow_float_out=*/true, &s));
+  if (detail::is_empty_problem(s)) return Status::ok();  // nothing to write
   const double scale = detail::resolve_softmax_scale(args.softmax_scale, kDqk);
   return run_guarded(kOp, [&] {
     parallel_for(s.b, num_threads, [&](int64_t seq) {

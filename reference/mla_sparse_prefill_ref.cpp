@@ -79,6 +79,7 @@ void prefill_token(const MlaSparsePrefillArgs& a, const detail::SparsePrefillSha
 Status mla_sparse_prefill(const MlaSparsePrefillArgs& args, int num_threads) {
   detail::SparsePrefillShape s;
   MLAKIT_RETURN_IF_ERROR(detail::validate_mla_sparse_prefill_args(kOp, args, /*allow_float_out=*/true, &s));
+  if (detail::is_empty_problem(s)) return Status::ok();  // nothing to write
   const double scale = detail::resolve_softmax_scale(args.sm_scale, s.d_qk);
   return run_guarded(kOp, [&] {
     parallel_for(s.s_q, num_threads, [&](int64_t i) { prefill_token(args, s, scale, i); });

@@ -31,7 +31,8 @@ Status dequantize_mla_cache_fp8(const TensorRef& src, const TensorRef& dst, cuda
 
 // Writes n new tokens into a paged FP8 cache: tokens [n, 576] bf16, slots [n] int32 (slot =
 // block * page_size + offset; -1 and out-of-range slots are skipped), cache
-// [num_blocks, page_size, 1, 656] uint8.
+// [num_blocks, page_size, 1, 656] uint8 (1 <= page_size <= 2^30, num_blocks <= 2^31 - 1, the
+// bounds of the sparse decode's cache).
 Status append_mla_cache_fp8(const TensorRef& tokens, const TensorRef& slots, const TensorRef& cache,
                             cudaStream_t stream);
 

@@ -25,6 +25,8 @@ std::string shape_string(const TensorRef& t) {
   return s.str();
 }
 
+bool checked_mul(int64_t a, int64_t b, int64_t* product) { return !__builtin_mul_overflow(a, b, product); }
+
 Status check_tensor_wellformed(const char* op, const char* name, const TensorRef& t) {
   if (t.rank < 1 || t.rank > kMaxRank) {
     return invalid(op, std::string(name) + ": expected a tensor of rank 1.." +
@@ -190,8 +192,14 @@ Status check_extent_fits(const char* op, const char* name, const TensorRef& t) {
   return Status::ok();
 }
 
+Status current_device_info(const char* op, DeviceInfo* info) {
+  Status s = current_device_info(info);
+  if (s.is_ok()) return s;
+  return Status(s.code(), std::string(op) + ": " + s.message());
+}
+
 Status current_supported_device(const char* op, DeviceInfo* info) {
-  MLAKIT_RETURN_IF_ERROR(current_device_info(info));
+  MLAKIT_RETURN_IF_ERROR(current_device_info(op, info));
   if (info->cc_major >= 8) return Status::ok();
   return Status(StatusCode::kUnsupportedArchitecture,
                 std::string(op) + ": device " + std::to_string(info->ordinal) +

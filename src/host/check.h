@@ -61,4 +61,8 @@ Status check_output_dtype(const char* op, const char* name, const TensorRef& t, 
 
 std::string shape_string(const TensorRef& t);
 
+// *product = a * b when it fits in int64, else false (*product unspecified). Sizes from the API
+// are unbounded 64-bit values, so a product of them is formed only through this.
+bool checked_mul(int64_t a, int64_t b, int64_t* product);
+
 }  // namespace mlakit::detail

@@ -15,8 +15,16 @@ struct DeviceInfo {
   int max_smem_per_block_optin = 0;  // bytes
 };
 
-// The current device's properties (cached per ordinal after the first query).
+// The current device's properties (cached per ordinal after the first query). Its errors
+// (NoDevice, CudaError) name no operation: entry points use the form below.
 Status current_device_info(DeviceInfo* info);
+// The same, for the entry point `op`: an error's message starts with "<op>: ", like every
+// other error the entry point returns.
+Status current_device_info(const char* op, DeviceInfo* info);
+
+// The NoDevice error of `op` in a build without CUDA (MLAKIT_ENABLE_CUDA=OFF), where an entry
+// point has validated its arguments and has no kernel to launch.
+Status built_without_cuda(const char* op);
 
 // The current device, when it can run mlakit's kernels: every kernel needs sm80+ (bf16
 // mma.sync), so older GPUs get an UnsupportedArchitecture error naming `op`, never wrong code.

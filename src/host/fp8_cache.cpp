@@ -18,7 +18,7 @@ constexpr int64_t kRowLen = detail::kFp8NopeDim + detail::kFp8RopeDim;
 Status device_and_pointers(const char* op, std::initializer_list<std::pair<const char*, const void*>> pointers,
                            int* device) {
   detail::DeviceInfo dev;
-  MLAKIT_RETURN_IF_ERROR(detail::current_device_info(&dev));
+  MLAKIT_RETURN_IF_ERROR(detail::current_device_info(op, &dev));
   for (const auto& [name, ptr] : pointers) {
     if (ptr != nullptr) MLAKIT_RETURN_IF_ERROR(detail::check_device_pointer(op, name, ptr, dev.ordinal));
   }
@@ -47,7 +47,7 @@ Status quantize_mla_cache_fp8(const TensorRef& src, const TensorRef& dst, cudaSt
                                                           static_cast<uint8_t*>(d.data), d.stride, s.rows, stream));
 #else
   (void)stream;
-  return Status(StatusCode::kNoDevice, std::string(kOp) + ": mlakit was built without CUDA");
+  return detail::built_without_cuda(kOp);
 #endif
 }
 
@@ -63,7 +63,7 @@ Status dequantize_mla_cache_fp8(const TensorRef& src, const TensorRef& dst, cuda
                                                             static_cast<uint16_t*>(d.data), d.stride, s.rows, stream));
 #else
   (void)stream;
-  return Status(StatusCode::kNoDevice, std::string(kOp) + ": mlakit was built without CUDA");
+  return detail::built_without_cuda(kOp);
 #endif
 }
 
@@ -81,7 +81,7 @@ Status append_mla_cache_fp8(const TensorRef& tokens, const TensorRef& slots, con
                                                         a.page_size, a.num_blocks, stream));
 #else
   (void)stream;
-  return Status(StatusCode::kNoDevice, std::string(kOp) + ": mlakit was built without CUDA");
+  return detail::built_without_cuda(kOp);
 #endif
 }
 

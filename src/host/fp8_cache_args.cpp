@@ -15,8 +15,15 @@ Status tensor_rows(const char* op, const char* name, const TensorRef& t, DType d
   const int last = t.rank - 1;
   MLAKIT_RETURN_IF_ERROR(check_dim(op, name, t, last, "row", row_len));
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, name, t));
-  int64_t rows = 1;
-  for (int i = 0; i < last; ++i) rows *= t.shape[i];
+  // The rows' count: a broadcast input (stride 0) may claim more than int64 holds; a size of 0
+  // anywhere makes it 0 whatever the others are.
+  int64_t rows = has_no_elements(t) ? 0 : 1;
+  for (int i = 0; i < last && rows > 0; ++i) {
+    if (!checked_mul(rows, t.shape[i], &rows)) {
+      return invalid(op, std::string(name) + ": shape " + shape_string(t) + ": expected at most 2^63 - 1 rows (" +
+                             "the product of the leading dimensions)");
+    }
+  }
   // Leading dimensions must collapse: stride[i] = stride[i+1] * shape[i+1] above the rows (no
   // row at all: nothing to address).
   for (int i = 0; i + 1 < last && rows > 0; ++i) {
@@ -68,9 +75,9 @@ Status validate_fp8_append(const char* op, const TensorRef& tokens, const Tensor
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "cache", cache, 3, "bytes per token", kFp8TokenBytes));
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "cache", cache));
   MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "cache", cache, 16));
-  if (cache.shape[1] < 1) {
-    return invalid(op, "cache.shape[1] (page_block_size): expected >= 1, got " + std::to_string(cache.shape[1]));
-  }
+  // The bounds the sparse decode puts on the cache it reads, so slot / page_size and the block
+  // offsets stay far from int64 overflow whatever the strides.
+  MLAKIT_RETURN_IF_ERROR(check_paged_cache_dims(op, "cache", cache));
   // The cache is written in place at the slots: its rows must be distinct and apart from the
   // tokens and slots. (Two tokens with one slot also race; slots live on the device, unchecked.)
   MLAKIT_RETURN_IF_ERROR(check_outputs(op, {{"cache", cache}}, {{"tokens", tokens}, {"slots", slots}}));

@@ -80,7 +80,7 @@ Status mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan, cudaStre
                                      stream);
 #else
   (void)stream;
-  return Status(StatusCode::kNoDevice, "mla_decode: mlakit was built without CUDA");
+  return detail::built_without_cuda(kOp);
 #endif
 }
 

@@ -39,10 +39,12 @@ Status scheduled_problem(const char* op, const MlaSparseDecodeProblem& p, MlaDec
   return Status::ok();
 }
 
-// topk_length (or topk for every row) per scheduled sequence; only the CUDA build dispatches.
-[[maybe_unused]] detail::SeqLengths sparse_lengths(const TensorRef& topk_length, int topk, int s_q) {
+#if MLAKIT_WITH_CUDA
+// topk_length (or topk for every row) per scheduled sequence, for the dispatch (CUDA builds only).
+detail::SeqLengths sparse_lengths(const TensorRef& topk_length, int topk, int s_q) {
   return detail::SeqLengths{topk_length.empty() ? nullptr : static_cast<const int32_t*>(topk_length.data), topk, s_q, topk};
 }
+#endif
 
 // The problem's kernel request, named as the sparse API spells it (the dense layout code
 // would report it as options.kernel).
@@ -82,7 +84,7 @@ Status mla_sparse_decode_plan(const MlaSparseDecodeProblem& problem, const Tenso
   MlaDecodeProblem scheduled;
   MLAKIT_RETURN_IF_ERROR(scheduled_problem(kOp, problem, &scheduled));
   detail::DeviceInfo dev;
-  MLAKIT_RETURN_IF_ERROR(detail::current_device_info(&dev));
+  MLAKIT_RETURN_IF_ERROR(detail::current_device_info(kOp, &dev));
   MLAKIT_RETURN_IF_ERROR(check_kernel_request(kOp, dev, problem.kernel));
   MLAKIT_RETURN_IF_ERROR(check_topk_length(kOp, topk_length, problem.b, dev.ordinal));
   // Without topk_length every length is topk: the layout may cut the batch into parts of
@@ -162,7 +164,7 @@ Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, const MlaDecodePla
                                             detail::resolve_softmax_scale(args.softmax_scale, 576), stream);
 #else
   (void)stream;
-  return Status(StatusCode::kNoDevice, std::string(kOp) + ": mlakit was built without CUDA");
+  return detail::built_without_cuda(kOp);
 #endif
 }
 

@@ -18,6 +18,10 @@ struct SparseDecodeShape {
   int64_t page_size = 0;
 };
 
+// b, s_q or h_q of 0: the empty result, nothing to compute. b may then be anything the tensors
+// allow (q has no elements), so no loop may run over it.
+inline bool is_empty_problem(const SparseDecodeShape& s) { return s.b == 0 || s.s_q == 0 || s.h_q == 0; }
+
 Status validate_mla_sparse_decode_args(const char* op, const MlaSparseDecodeArgs& args, bool allow_float_out,
                                        SparseDecodeShape* shape);
 

@@ -32,13 +32,13 @@ Status mla_sparse_prefill(const MlaSparsePrefillArgs& args, cudaStream_t stream)
   }
   detail::DecodeKernelTraits traits;
   MLAKIT_RETURN_IF_ERROR(detail::select_decode_kernel(kOp, dev, args.kernel, &traits, "kernel"));
-  if (shape.s_q == 0 || shape.h_q == 0) return Status::ok();  // the empty result (and no empty grid to launch)
+  if (detail::is_empty_problem(shape)) return Status::ok();  // the empty result (and no empty grid to launch)
 #if MLAKIT_WITH_CUDA
   return detail::dispatch_mla_sparse_prefill(args, shape, detail::resolve_softmax_scale(args.sm_scale, shape.d_qk),
                                              traits.kernel, stream);
 #else
   (void)stream;
-  return Status(StatusCode::kNoDevice, std::string(kOp) + ": mlakit was built without CUDA");
+  return detail::built_without_cuda(kOp);
 #endif
 }
 

@@ -100,6 +100,19 @@ TEST(CheckTensorWellformed, ExtentOverflowIsReported) {
   EXPECT_TRUE(IsInvalid(check_tensor_wellformed(kOp, "x", t), {"op_x: x:", "[2, 3]", "2^59"}));
 }
 
+TEST(CheckedMul, ProductsBeyondInt64AreReported) {
+  int64_t p = -1;
+  EXPECT_TRUE(checked_mul(int64_t{1} << 31, int64_t{1} << 31, &p));
+  EXPECT_EQ(p, int64_t{1} << 62);
+  EXPECT_TRUE(checked_mul(INT64_MAX, 1, &p));
+  EXPECT_EQ(p, INT64_MAX);
+  EXPECT_TRUE(checked_mul(INT64_MAX, 0, &p));
+  EXPECT_EQ(p, 0);
+  EXPECT_FALSE(checked_mul(int64_t{1} << 32, int64_t{1} << 32, &p));
+  EXPECT_FALSE(checked_mul(INT64_MAX, 2, &p));
+  EXPECT_FALSE(checked_mul(INT64_MIN, -1, &p));
+}
+
 TEST(CheckExtentFits, Boundaries) {
   const int64_t limit = std::numeric_limits<int64_t>::max() / 16;
   EXPECT_TRUE(check_extent_fits(kOp, "x", make_tensor(fake_ptr(), DType::kBF16, {2}, {limit})).is_ok());

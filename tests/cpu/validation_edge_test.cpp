@@ -1,7 +1,10 @@
 // Answers that used to be silent or misleading (issue 23, item 4), each now an error naming
 // the argument: a NaN or infinite logit scale, outputs that are broadcast views or share
 // memory with another output, an input or the workspace, and 64-bit sizes the sparse
-// operations would have narrowed to int. Empty inputs: empty_inputs_test.cpp.
+// operations would have narrowed to int. Then what the validation fuzz test found: NoDevice
+// messages without the op's name, size products beyond int64, unbounded paged caches, and
+// references looping over the other sizes of an empty problem. Empty inputs:
+// empty_inputs_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,11 +12,13 @@
 #include <functional>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_test_util.h"
 #include "host/check.h"
 #include "host/decode_layout.h"
+#include "host/device.h"
 #include "host/mla_decode_validate.h"
 #include "host/mla_sparse_decode_validate.h"
 #include "host/mla_sparse_prefill_validate.h"
@@ -283,6 +288,123 @@ TEST(SizeNarrowing, SparsePrefillRejectsSizesBeyondInt) {
   Prefill h;
   h.args.q.shape[1] = kBig32 + 16;  // was read as h_q 16
   EXPECT_TRUE(IsInvalid(reference::mla_sparse_prefill(h.args), {"q.shape[1] (h_q): dimension too large", "got 4294967312"}));
+}
+
+// ---- findings of the validation fuzz test (validation_fuzz_test.cpp) ----------------------
+
+TEST(NoDevice, TheDeviceQueryOfAnOpNamesIt) {
+  detail::DeviceInfo info;
+  const Status plain = detail::current_device_info(&info);
+  const Status named = detail::current_device_info("op_x", &info);
+  EXPECT_EQ(plain.code(), named.code());
+  if (!plain.is_ok()) EXPECT_EQ(named.message(), "op_x: " + plain.message());
+}
+
+// Without a usable device (a CUDA-off build, or no GPU) every GPU entry point answers NoDevice
+// once its arguments pass, and names itself like in every other error.
+TEST(NoDevice, EveryGpuEntryPointNamesItselfInTheMessage) {
+  detail::DeviceInfo info;
+  const bool no_device = !detail::current_device_info(&info).is_ok();
+  Dense d;
+  Sparse s;
+  Prefill p;
+  std::vector<uint16_t> bf16(2 * 576);
+  std::vector<uint8_t> fp8(2 * 656);
+  std::vector<int32_t> ints = {0, 1};
+  const TensorRef tokens = make_tensor(bf16.data(), DType::kBF16, {2, 576});
+  const TensorRef rows = make_tensor(fp8.data(), DType::kUInt8, {2, 656});
+  const TensorRef cache = make_tensor(fp8.data(), DType::kUInt8, {1, 2, 1, 656});
+  const TensorRef vector = make_tensor(ints.data(), DType::kInt32, {2});
+  const MlaDecodeProblem dense{.b = 2, .s_q = 1, .h_q = 16, .h_kv = 1};
+  const MlaSparseDecodeProblem sparse{.b = 2, .s_q = 1, .h_q = 16, .topk = 64};
+  std::size_t bytes = 0;
+  MlaDecodePlan plan;
+  const std::pair<const char*, Status> calls[] = {
+      {"mla_decode_workspace_size", mla_decode_workspace_size(dense, &bytes)},
+      {"mla_decode_plan", mla_decode_plan(dense, vector, nullptr, 0, nullptr, &plan)},
+      {"mla_decode", mla_decode(d.args, MlaDecodePlan{}, nullptr)},
+      {"mla_sparse_decode_workspace_size", mla_sparse_decode_workspace_size(sparse, &bytes)},
+      {"mla_sparse_decode_plan", mla_sparse_decode_plan(sparse, TensorRef{}, nullptr, 0, nullptr, &plan)},
+      {"mla_sparse_decode_fp8", mla_sparse_decode_fp8(s.args, MlaDecodePlan{}, nullptr)},
+      {"mla_sparse_prefill", mla_sparse_prefill(p.args, nullptr)},
+      {"quantize_mla_cache_fp8", quantize_mla_cache_fp8(tokens, rows, nullptr)},
+      {"dequantize_mla_cache_fp8", dequantize_mla_cache_fp8(rows, tokens, nullptr)},
+      {"append_mla_cache_fp8", append_mla_cache_fp8(tokens, vector, cache, nullptr)},
+  };
+  for (const auto& [op, st] : calls) {
+    if (no_device) EXPECT_EQ(st.code(), StatusCode::kNoDevice) << op << ": " << st.to_string();
+    if (st.code() == StatusCode::kNoDevice) EXPECT_EQ(st.message().rfind(std::string(op) + ": ", 0), 0u) << st.message();
+  }
+}
+
+TEST(Fp8Rows, RowCountsBeyondInt64AreRejected) {
+  // Broadcast inputs (stride 0) claim 2^64 rows of a one-row buffer.
+  std::vector<uint16_t> bf16(576);
+  std::vector<uint8_t> fp8(656);
+  const TensorRef tokens = make_tensor(bf16.data(), DType::kBF16, {kBig32, kBig32, 576}, {0, 0, 1});
+  const TensorRef rows = make_tensor(fp8.data(), DType::kUInt8, {kBig32, kBig32, 656}, {0, 0, 1});
+  const std::string bf16_rows = "src: shape [4294967296, 4294967296, 576]: expected at most 2^63 - 1 rows";
+  const std::string fp8_rows = "src: shape [4294967296, 4294967296, 656]: expected at most 2^63 - 1 rows";
+  EXPECT_TRUE(IsInvalid(quantize_mla_cache_fp8(tokens, rows, nullptr), {"quantize_mla_cache_fp8: " + bf16_rows}));
+  EXPECT_TRUE(IsInvalid(reference::quantize_mla_cache_fp8(tokens, rows), {"reference::quantize_mla_cache_fp8: " + bf16_rows}));
+  EXPECT_TRUE(IsInvalid(dequantize_mla_cache_fp8(rows, tokens, nullptr), {"dequantize_mla_cache_fp8: " + fp8_rows}));
+  EXPECT_TRUE(IsInvalid(reference::dequantize_mla_cache_fp8(rows, tokens), {"reference::dequantize_mla_cache_fp8: " + fp8_rows}));
+  // A size 0 anywhere: no rows, whatever the other sizes (an empty conversion, valid).
+  const TensorRef no_tokens = make_tensor(bf16.data(), DType::kBF16, {int64_t{1} << 62, 4, 0, 576}, {0, 0, 0, 1});
+  const TensorRef no_rows = make_tensor(fp8.data(), DType::kUInt8, {int64_t{1} << 62, 4, 0, 656}, {0, 0, 0, 1});
+  EXPECT_TRUE(reference::quantize_mla_cache_fp8(no_tokens, no_rows));
+  EXPECT_TRUE(reference::dequantize_mla_cache_fp8(no_rows, no_tokens));
+}
+
+TEST(PagedCache, NumBlocksAndPageSizeAreBoundedBeforeAnySlotIsFormed) {
+  // INT64_MAX blocks (stride 0: one real block): num_blocks * page_size would overflow.
+  Sparse s;
+  s.args.kv_cache = make_tensor(s.c.cache.data(), DType::kUInt8, {INT64_MAX, 2, 1, 656}, {0, 0, 656, 1});
+  EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(s.args),
+                        {"reference::mla_sparse_decode_fp8: kv_cache.shape[0] (num_blocks): expected <= 2^31 - 1",
+                         "got 9223372036854775807"}));
+  std::vector<uint16_t> bf16(2 * 576);
+  std::vector<uint8_t> fp8(2 * 656);
+  std::vector<int32_t> slots = {0, 1};
+  const TensorRef tokens = make_tensor(bf16.data(), DType::kBF16, {2, 576});
+  const TensorRef slot_ref = make_tensor(slots.data(), DType::kInt32, {2});
+  const TensorRef huge = make_tensor(fp8.data(), DType::kUInt8, {INT64_MAX, 2, 1, 656}, {0, 0, 656, 1});
+  const std::string blocks = "cache.shape[0] (num_blocks): expected <= 2^31 - 1 (int32 block ids), got 9223372036854775807";
+  EXPECT_TRUE(IsInvalid(reference::append_mla_cache_fp8(tokens, slot_ref, huge), {"reference::append_mla_cache_fp8: " + blocks}));
+  EXPECT_TRUE(IsInvalid(append_mla_cache_fp8(tokens, slot_ref, huge, nullptr), {"append_mla_cache_fp8: " + blocks}));
+  for (int64_t page : {int64_t{0}, (int64_t{1} << 30) + 1}) {
+    const TensorRef cache = make_tensor(fp8.data(), DType::kUInt8, {1, page, 1, 656}, {656, 656, 656, 1});
+    EXPECT_TRUE(IsInvalid(reference::append_mla_cache_fp8(tokens, slot_ref, cache),
+                          {"cache.shape[1] (page_block_size): expected 1 <= page_block_size <= 2^30", "got " + std::to_string(page)}));
+  }
+  for (uint8_t x : fp8) ASSERT_EQ(x, 0) << "cache written on error";
+}
+
+// s_q or h_q of 0 leaves the other sizes free (their tensors have no elements, or broadcast
+// inputs): the references return the empty result at once instead of looping over 2^40 tokens.
+TEST(EmptyProblem, ReferencesDoNotLoopOverTheOtherSizes) {
+  constexpr int64_t kHuge = int64_t{1} << 40;
+  Prefill p;
+  for (TensorRef* t : {&p.args.q, &p.args.out, &p.args.max_logits, &p.args.lse}) {
+    t->shape[0] = kHuge;
+    t->shape[1] = 0;  // h_q
+  }
+  p.args.indices.shape[0] = kHuge;
+  p.args.indices.stride[0] = 0;
+  EXPECT_TRUE(reference::mla_sparse_prefill(p.args, 1));
+
+  Sparse s;
+  for (TensorRef* t : {&s.args.q, &s.args.out}) {
+    t->shape[0] = kHuge;
+    t->shape[2] = 0;  // h_q
+  }
+  s.args.lse.shape[0] = kHuge;
+  s.args.lse.shape[1] = 0;
+  s.args.indices.shape[0] = kHuge;
+  s.args.indices.stride[0] = 0;
+  s.args.topk_length = TensorRef{};
+  s.args.attn_sink.shape[0] = 0;
+  EXPECT_TRUE(reference::mla_sparse_decode_fp8(s.args, 1));
 }
 
 }  // namespace

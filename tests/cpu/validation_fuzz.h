@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,7 +95,7 @@ void mutate_args(Rng& rng, std::vector<Arg>& args);
 // A way an accepted input breaks the documented contract. `kind` groups violations for the
 // known-issue list: "rank", "dtype", "size", "stride", "last-dim", "null", "extent", "dims",
 // "dims-narrowed" (sizes equal only modulo 2^32, or beyond int), "overlap", "problem",
-// "scale-nan", "scale", "input-written", "write-outside".
+// "scale", "input-written", "write-outside".
 struct Violation {
   std::string kind{};
   std::string detail{};
@@ -133,15 +134,18 @@ void* device_stand_in(int64_t offset_bytes = 0);
 
 // The contract of every argument (rank, dtype, sizes, strides, contiguity, pointer, extent,
 // outputs without self-overlap, shared sizes equal); fills `symbols` from the first argument
-// that has each.
+// that has each. A tensor without elements (a size 0) is exempt from what only matters for
+// addressed elements: contiguity, null pointer, extent, self-overlap (nothing is read or
+// written through it).
 std::vector<Violation> contract_violations(const std::vector<Arg>& args, Symbols* symbols);
 
 // A documented limit on a size or option broken by an accepted input: kind "problem", or
 // "dims-narrowed" for a size beyond int (what a narrowing to int hides).
 void problem_violation(const std::string& name, int64_t value, std::vector<Violation>* out);
 
-// An accepted logit scale must be finite; NaN is today's "default" sentinel ("scale-nan").
-void check_scale(const char* name, float scale, std::vector<Violation>* out);
+// An accepted logit scale is unset (the default, 1 / sqrt(d_qk)) or finite: NaN and infinities
+// must be rejected ("scale").
+void check_scale(const char* name, std::optional<float> scale, std::vector<Violation>* out);
 
 std::string describe(const std::vector<Arg>& args);
 std::string describe(const TensorRef& t);

@@ -47,14 +47,15 @@ std::string plan_text(const MlaDecodePlan& p) {
                                       ", num_parts=" + std::to_string(p.num_parts) + ", device=" + std::to_string(p.device) + "}";
 }
 
-// The documented problem of a dense decode: b >= 1, 1 <= s_q <= 1024, h_kv >= 1, h_q a positive
-// multiple of h_kv, d_qk 576, d_v 512 (README, "Supported configurations").
+// The documented problem of a dense decode: b >= 0, 0 <= s_q <= 1024, h_kv >= 1, h_q a
+// non-negative multiple of h_kv, d_qk 576, d_v 512 (README, "Supported configurations"; b, s_q
+// or h_q of 0 is the empty problem, valid).
 void dense_problem_violations(int64_t b, int64_t s_q, int64_t h_q, int64_t h_kv, int64_t d_qk, int64_t d_v,
                               std::vector<Violation>* v) {
-  if (b < 1) problem_violation("b", b, v);
-  if (s_q < 1 || s_q > 1024) problem_violation("s_q", s_q, v);
+  if (b < 0) problem_violation("b", b, v);
+  if (s_q < 0 || s_q > 1024) problem_violation("s_q", s_q, v);
   if (h_kv < 1) problem_violation("h_kv", h_kv, v);
-  if (h_q < 1 || (h_kv >= 1 && h_q % h_kv != 0)) problem_violation("h_q (a multiple of h_kv " + std::to_string(h_kv) + ")", h_q, v);
+  if (h_q < 0 || (h_kv >= 1 && h_q % h_kv != 0)) problem_violation("h_q (a multiple of h_kv " + std::to_string(h_kv) + ")", h_q, v);
   if (d_qk != 576) problem_violation("d_qk", d_qk, v);
   if (d_v != 512) problem_violation("d_v", d_v, v);
 }
@@ -62,12 +63,12 @@ void dense_problem_violations(int64_t b, int64_t s_q, int64_t h_q, int64_t h_kv,
 Symbols dense_symbols(Rng& rng) {
   Symbols s;
   s["h_kv"] = rng.uniform(1, 2);
-  s["h_q"] = s["h_kv"] * rng.uniform(1, 2);
+  s["h_q"] = s["h_kv"] * rng.uniform(0, 2);  // 0: the empty problem
   for (const char* name : {"h_kv", "h_q"}) {
     if (rng.chance(0.04)) s[name] = rng.edge_size();
   }
-  s["b"] = rng.size(1, 2);
-  s["s_q"] = rng.size(1, 2);
+  s["b"] = rng.size(0, 2);
+  s["s_q"] = rng.size(0, 2);
   s["page"] = rng.size(1, 8);
   s["blocks"] = rng.size(0, 4);
   s["width"] = rng.size(0, 3);
@@ -94,7 +95,7 @@ void run_dense_decode(Rng& rng, Recorder& rec, int64_t index, bool reference) {
   const Symbols s = dense_symbols(rng);
   FuzzCase c{.op = reference ? "reference::mla_decode" : "mla_decode", .args = make_args(rng, dense_specs(s, reference), s),
              .host_memory = reference};
-  const float scale = random_scale(rng);
+  const std::optional<float> scale = random_scale(rng);
   const bool causal = rng.chance(0.5);
   const int threads = reference_threads(rng);
   const MlaDecodePlan plan = random_plan(rng, s, 0);
@@ -167,9 +168,9 @@ void run_dense_problem(Rng& rng, Recorder& rec, int64_t index, bool plan) {
 
 Symbols sparse_symbols(Rng& rng) {
   Symbols s;
-  s["b"] = rng.size(1, 2);
-  s["s_q"] = rng.size(1, 2);
-  s["h_q"] = rng.size(1, 4);
+  s["b"] = rng.size(0, 2);
+  s["s_q"] = rng.size(0, 2);
+  s["h_q"] = rng.size(0, 4);
   s["topk"] = rng.size(1, 40);
   s["blocks"] = rng.size(0, 3);
   s["page"] = rng.size(1, 16);
@@ -193,10 +194,11 @@ std::vector<TensorSpec> sparse_specs(const Symbols& s, bool reference) {
   };
 }
 
+// b, s_q or h_q of 0: the empty problem, valid.
 void sparse_problem_violations(int64_t b, int64_t s_q, int64_t h_q, int64_t topk, std::vector<Violation>* v) {
-  if (b < 1) problem_violation("b", b, v);
-  if (s_q < 1 || s_q > INT32_MAX) problem_violation("s_q", s_q, v);
-  if (h_q < 1 || h_q > INT32_MAX) problem_violation("h_q", h_q, v);
+  if (b < 0) problem_violation("b", b, v);
+  if (s_q < 0 || s_q > INT32_MAX) problem_violation("s_q", s_q, v);
+  if (h_q < 0 || h_q > INT32_MAX) problem_violation("h_q", h_q, v);
   if (topk < 1 || topk > INT32_MAX) problem_violation("topk", topk, v);
 }
 
@@ -204,7 +206,7 @@ void run_sparse_decode(Rng& rng, Recorder& rec, int64_t index, bool reference) {
   const Symbols s = sparse_symbols(rng);
   FuzzCase c{.op = reference ? "reference::mla_sparse_decode_fp8" : "mla_sparse_decode_fp8",
              .args = make_args(rng, sparse_specs(s, reference), s), .host_memory = reference};
-  const float scale = random_scale(rng);
+  const std::optional<float> scale = random_scale(rng);
   const bool causal = rng.chance(0.1);
   const int threads = reference_threads(rng);
   const MlaDecodePlan plan = random_plan(rng, s, s.at("topk"));

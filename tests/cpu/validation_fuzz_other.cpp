@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "host/check.h"
 #include "mlakit/fp8_cache.h"
 #include "mlakit/mla_sparse_prefill.h"
 #include "mlakit/reference.h"
@@ -16,7 +17,7 @@ namespace {
 using enum DType;
 
 void run_sparse_prefill(Rng& rng, Recorder& rec, int64_t index, bool reference) {
-  Symbols s{{"s_q", rng.size(0, 3)}, {"h_q", rng.size(1, 4)}, {"d_qk", rng.chance(0.5) ? 576 : 512},
+  Symbols s{{"s_q", rng.size(0, 3)}, {"h_q", rng.size(0, 4)}, {"d_qk", rng.chance(0.5) ? 576 : 512},
             {"s_kv", rng.size(0, 24)}, {"topk", rng.size(1, 40)}};
   if (rng.chance(0.03)) s["d_qk"] = rng.edge_size();
   FuzzCase c{.op = reference ? "reference::mla_sparse_prefill" : "mla_sparse_prefill", .host_memory = reference};
@@ -34,7 +35,7 @@ void run_sparse_prefill(Rng& rng, Recorder& rec, int64_t index, bool reference) 
        {.name = "max_logits", .dims = {sym("s_q"), sym("h_q")}, .dtypes = {kFP32}, .output = true, .fill = Fill::kPoison},
        {.name = "lse", .dims = {sym("s_q"), sym("h_q")}, .dtypes = {kFP32}, .output = true, .fill = Fill::kPoison}},
       s);
-  const float scale = random_scale(rng);
+  const std::optional<float> scale = random_scale(rng);
   const int d_v = rng.chance(0.95) ? 512 : rng.edge_int();
   const auto lse_base = static_cast<LseBase>(rng.chance(0.9) ? static_cast<int>(rng.uniform(0, 1)) : rng.edge_int());
   const auto kernel = static_cast<MlaDecodeKernel>(rng.chance(0.9) ? static_cast<int>(rng.uniform(-1, 1)) : rng.edge_int());
@@ -54,7 +55,7 @@ void run_sparse_prefill(Rng& rng, Recorder& rec, int64_t index, bool reference) 
         return reference ? reference::mla_sparse_prefill(p, threads) : mla_sparse_prefill(p, nullptr);
       },
       [&](const Symbols& got, std::vector<Violation>* v) {
-        if (const int64_t h_q = symbol(got, "h_q"); h_q < 1 || h_q > INT32_MAX) problem_violation("h_q", h_q, v);
+        if (const int64_t h_q = symbol(got, "h_q"); h_q < 0 || h_q > INT32_MAX) problem_violation("h_q", h_q, v);
         if (const int64_t d = symbol(got, "d_qk", 576); d != 576 && d != 512) problem_violation("d_qk", d, v);
         if (const int64_t topk = symbol(got, "topk"); topk < 1 || topk > INT32_MAX) problem_violation("topk", topk, v);
         if (d_v != 512) problem_violation("d_v", d_v, v);
@@ -66,10 +67,13 @@ void run_sparse_prefill(Rng& rng, Recorder& rec, int64_t index, bool reference) 
 }
 
 // Leading dimensions collapse into rows of one stride (fp8_cache.h): stride[i] = stride[i+1] *
-// shape[i+1] for every leading dimension of size > 1 above the last two.
+// shape[i+1] for every leading dimension of size > 1 above the last two. A tensor without
+// elements has no rows to address: exempt.
 void check_collapsible(const Arg& arg, std::vector<Violation>* v) {
   const TensorRef& t = arg.ref;
-  for (int i = 0; i + 2 < std::min(t.rank, kMaxRank); ++i) {
+  const int rank = std::clamp(t.rank, 0, kMaxRank);
+  if (std::any_of(t.shape, t.shape + rank, [](int64_t n) { return n == 0; })) return;
+  for (int i = 0; i + 2 < rank; ++i) {
     const __int128 want = static_cast<__int128>(t.stride[i + 1]) * t.shape[i + 1];
     if (t.shape[i] > 1 && t.stride[i] != want) {
       v->push_back({"stride", arg.spec.name + ".stride[" + std::to_string(i) + "]: leading dimensions not collapsible, accepted"});
@@ -136,7 +140,8 @@ void run_fp8_append(Rng& rng, Recorder& rec, int64_t index, bool reference) {
       });
 }
 
-// make_tensor keeps what it is given, computes row-major strides, and turns lists it cannot
+// make_tensor keeps what it is given, computes row-major strides (a product beyond int64
+// saturates at INT64_MAX, negative sizes count as 0: tensor.cpp), and turns lists it cannot
 // hold (longer than kMaxRank, or shape and stride lists of different lengths) into tensors
 // every validator rejects.
 void run_make_tensor(Rng& rng, Recorder& rec, int64_t index) {
@@ -157,28 +162,37 @@ void run_make_tensor(Rng& rng, Recorder& rec, int64_t index) {
   if (!rec.begin(index, c)) return;
   const TensorRef t = with_stride ? make_tensor_from(data, dtype, c.list, stride) : make_tensor_from(data, dtype, c.list);
   if (t.data != data || t.dtype != dtype) rec.fail("fields", "data or dtype not kept");
-  // Row-major strides, and whether one of them is beyond int64 (then the tensor must be
-  // rejected like an unholdable list).
+  // Row-major strides as documented, computed in 128 bits and saturated.
   std::vector<int64_t> row_major(n);
-  bool overflow = false;
-  int64_t step = 1;
+  __int128 step = 1;
   for (int d = static_cast<int>(n) - 1; d >= 0; --d) {
-    row_major[d] = step;
-    overflow |= __builtin_mul_overflow(step, c.list[d], &step) && d > 0;
+    row_major[d] = static_cast<int64_t>(std::min<__int128>(step, INT64_MAX));
+    step = std::min<__int128>(step * std::max<int64_t>(c.list[d], 0), INT64_MAX);
   }
   const bool holdable = n <= static_cast<std::size_t>(kMaxRank) && (!with_stride || m == n);
   if (holdable) {
     bool same = t.rank == static_cast<int>(n);
     for (std::size_t d = 0; same && d < n; ++d) {
-      same = t.shape[d] == c.list[d] && (with_stride ? t.stride[d] == stride[d] : overflow || t.stride[d] == row_major[d]);
+      same = t.shape[d] == c.list[d] && (with_stride ? t.stride[d] == stride[d] : t.stride[d] == row_major[d]);
     }
     if (!same) rec.fail("fields", "shape or strides differ from the lists given: " + describe(t));
   }
-  // Whatever came out, a validator must handle it (the GPU entry never reads the stand-in).
+  // Whatever came out, a validator must handle it (the GPU entry never reads the stand-in);
+  // a list make_tensor could not hold must be rejected.
   const Status st = quantize_mla_cache_fp8(t, t, nullptr);
   if (!st.is_ok() && st.message().rfind("quantize_mla_cache_fp8: ", 0) != 0) rec.fail("message", st.to_string());
-  if ((!holdable || (overflow && !with_stride)) && reached_device(st)) {
+  if (!holdable && reached_device(st)) {
     rec.fail("accepted", "a tensor make_tensor could not represent passed validation: " + describe(t));
+  }
+  // A saturated stride on a dimension of size > 1 of a tensor with elements spans beyond
+  // int64: the check every entry point starts with must reject it (tensor.cpp relies on it).
+  bool saturated = false, elements = true;
+  for (std::size_t d = 0; holdable && !with_stride && d < n; ++d) {
+    saturated |= row_major[d] == INT64_MAX && c.list[d] > 1;
+    elements &= c.list[d] != 0;
+  }
+  if (saturated && elements && detail::check_tensor_wellformed("make_tensor", "t", t).is_ok()) {
+    rec.fail("accepted", "a saturated row-major stride passed check_tensor_wellformed: " + describe(t));
   }
   const std::size_t size = dtype_size(dtype);
   const bool valid = static_cast<int>(dtype) >= 0 && static_cast<int>(dtype) <= static_cast<int>(kUInt8);
@@ -194,7 +208,8 @@ double edge_lse(Rng& rng) {
 
 // SPEC section 6 on finite partial outputs: empty states (LSE +-inf) contribute nothing,
 // two empty states give o = 0, lse = +inf, otherwise a convex combination, never NaN.
-// merge_states takes raw pointers and no Status: only real buffers of d values are given.
+// merge_states takes raw pointers: real buffers of d values, or now and then a null pointer,
+// which (like d < 1) must be an InvalidArgument naming the op, with nothing written.
 void run_merge_states(Rng& rng, Recorder& rec, int64_t index) {
   const int64_t d = rng.chance(0.9) ? rng.uniform(0, 8) : rng.uniform(0, 600);
   std::vector<double> o_a(d), o_b(d), o(d);
@@ -204,14 +219,25 @@ void run_merge_states(Rng& rng, Recorder& rec, int64_t index) {
   }
   const double lse_a = edge_lse(rng), lse_b = edge_lse(rng);
   const int64_t alias = rng.uniform(0, 2);  // o separate, o = o_a, o = o_b (documented as allowed)
+  const int64_t null_arg = rng.chance(0.05) ? rng.uniform(0, 3) : -1;  // o_a, o_b, o, lse
   FuzzCase c{.op = "reference::merge_states"};
   c.scalars = {{"d", std::to_string(d)}, {"lse_a", str(static_cast<float>(lse_a))},
-               {"lse_b", str(static_cast<float>(lse_b))}, {"o aliases", alias == 0 ? "none" : alias == 1 ? "o_a" : "o_b"}};
+               {"lse_b", str(static_cast<float>(lse_b))}, {"o aliases", alias == 0 ? "none" : alias == 1 ? "o_a" : "o_b"},
+               {"null argument", null_arg < 0 ? "none" : std::to_string(null_arg)}};
   if (!rec.begin(index, c)) return;
   const std::vector<double> a = o_a, b = o_b;
   double* out = alias == 0 ? o.data() : alias == 1 ? o_a.data() : o_b.data();
+  const std::vector<double> out_before(out, out + d);
   double lse = 0.0;
-  reference::merge_states(o_a.data(), lse_a, o_b.data(), lse_b, d, out, &lse);
+  const Status st = reference::merge_states(null_arg == 0 ? nullptr : o_a.data(), lse_a, null_arg == 1 ? nullptr : o_b.data(),
+                                            lse_b, d, null_arg == 2 ? nullptr : out, null_arg == 3 ? nullptr : &lse);
+  const bool valid = d >= 1 && null_arg < 0;
+  rec.check_status(st, reference_codes(), st.is_ok(), {});
+  if (st.is_ok() != valid) rec.fail("merge", std::string(valid ? "valid call rejected: " : "invalid call accepted: ") + st.to_string());
+  if (!st.is_ok()) {
+    if (lse != 0.0 || !std::equal(out, out + d, out_before.begin())) rec.fail("merge", "written although rejected");
+    return;
+  }
   if (std::isnan(lse_a) || std::isnan(lse_b)) return;  // no contract for NaN statistics
   const bool empty_a = std::isinf(lse_a), empty_b = std::isinf(lse_b);
   if (empty_a && empty_b && !(lse == INFINITY)) rec.fail("merge", "two empty states: lse " + str(static_cast<float>(lse)));

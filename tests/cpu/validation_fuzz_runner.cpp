@@ -134,9 +134,11 @@ const std::vector<StatusCode>& gpu_codes() {
   return codes;
 }
 
+// ResourceExhausted: host memory a reference needed could not be allocated (a case is small, but
+// the code is part of the references' contract).
 const std::vector<StatusCode>& reference_codes() {
   static const std::vector<StatusCode> codes = {StatusCode::kOk, StatusCode::kInvalidArgument,
-                                                StatusCode::kUnsupported};
+                                                StatusCode::kUnsupported, StatusCode::kResourceExhausted};
   return codes;
 }
 
@@ -147,7 +149,8 @@ bool reached_device(const Status& s) {
 
 int reference_threads(Rng& rng) { return rng.chance(0.9) ? 1 : static_cast<int>(rng.pick({0, 2, -1, 3})); }
 
-float random_scale(Rng& rng) {
+std::optional<float> random_scale(Rng& rng) {
+  if (rng.chance(0.2)) return std::nullopt;
   return rng.chance(0.7) ? static_cast<float>(rng.uniform(1, 1000)) / 1000.0f : rng.edge_float();
 }
 
@@ -157,6 +160,8 @@ std::string str(float v) {
   s << v;
   return s.str();
 }
+
+std::string str(std::optional<float> v) { return v ? str(*v) : "unset"; }
 
 int64_t symbol(const Symbols& s, const char* name, int64_t fallback) {
   const auto it = s.find(name);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -81,9 +82,11 @@ const std::vector<StatusCode>& reference_codes();
 bool reached_device(const Status& s);
 // The references' thread count: mostly 1 (a case is small), sometimes 0 (all cores) or odd.
 int reference_threads(Rng& rng);
-// A logit scale: usually an ordinary value, sometimes an edge value (NaN, inf, 0, negative).
-float random_scale(Rng& rng);
+// A logit scale: usually an ordinary value, sometimes unset (the default) or an edge value
+// (NaN, inf, 0, negative).
+std::optional<float> random_scale(Rng& rng);
 std::string str(float v);
+std::string str(std::optional<float> v);  // "unset" or the value
 // A symbol's value, or `fallback` when no accepted argument had it.
 int64_t symbol(const Symbols& s, const char* name, int64_t fallback = 1);
 

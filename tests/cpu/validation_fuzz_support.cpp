@@ -171,7 +171,7 @@ void check_arg(const Arg& arg, const std::vector<Arg>& args, Symbols* symbols, s
     nonnegative &= t.shape[i] >= 0 && t.stride[i] >= 0;
     empty |= t.shape[i] == 0;
   }
-  if (t.stride[t.rank - 1] != 1 && t.shape[t.rank - 1] > 1) add("last-dim", ": last dimension not contiguous");
+  if (!empty && t.stride[t.rank - 1] != 1 && t.shape[t.rank - 1] > 1) add("last-dim", ": last dimension not contiguous");
   if (t.data == nullptr && !empty) add("null", ": null pointer with elements accepted");
   if (nonnegative && !empty) {
     constexpr __int128 kMax = std::numeric_limits<int64_t>::max();
@@ -389,9 +389,8 @@ void problem_violation(const std::string& name, int64_t value, std::vector<Viola
   out->push_back({beyond_int ? "dims-narrowed" : "problem", name + " = " + std::to_string(value) + " accepted"});
 }
 
-void check_scale(const char* name, float scale, std::vector<Violation>* out) {
-  if (std::isnan(scale)) out->push_back({"scale-nan", std::string(name) + ": NaN accepted (as the default)"});
-  if (std::isinf(scale)) out->push_back({"scale", std::string(name) + ": " + std::to_string(scale) + " accepted"});
+void check_scale(const char* name, std::optional<float> scale, std::vector<Violation>* out) {
+  if (scale && !std::isfinite(*scale)) out->push_back({"scale", std::string(name) + ": " + std::to_string(*scale) + " accepted"});
 }
 
 std::string describe(const TensorRef& t) {
