@@ -35,6 +35,10 @@ Status mla_decode_workspace_size(const MlaDecodeProblem& problem, std::size_t* b
   MLAKIT_RETURN_IF_ERROR(detail::validate_decode_problem(kOp, problem));
   detail::DeviceInfo dev;
   MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
+  // The kernel request is checked here so that its error names this entry point (the layout
+  // code checks it again under mla_decode_plan's name).
+  detail::DecodeKernelTraits traits;
+  MLAKIT_RETURN_IF_ERROR(detail::select_decode_kernel(kOp, dev, options.kernel, &traits));
   MlaDecodePlan layout;
   MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout, options.kernel));
   *bytes = layout.workspace_bytes;
