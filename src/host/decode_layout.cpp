@@ -121,10 +121,10 @@ Status validate_decode_problem(const char* op, const MlaDecodeProblem& p) {
 }
 
 Status make_decode_layout(const MlaDecodeProblem& p, const DeviceInfo& device,
-                          MlaDecodePlan* plan, MlaDecodeKernel request) {
-  MLAKIT_RETURN_IF_ERROR(validate_decode_problem("mla_decode_plan", p));
+                          MlaDecodePlan* plan, MlaDecodeKernel request, const char* op) {
+  MLAKIT_RETURN_IF_ERROR(validate_decode_problem(op, p));
   DecodeKernelTraits traits;
-  MLAKIT_RETURN_IF_ERROR(select_decode_kernel("mla_decode_plan", device, request, &traits));
+  MLAKIT_RETURN_IF_ERROR(select_decode_kernel(op, device, request, &traits));
   MlaDecodePlan out;
   out.problem = p;
   out.kernel = traits.kernel;

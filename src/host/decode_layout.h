@@ -53,8 +53,10 @@ inline bool is_empty_problem(const MlaDecodeProblem& p) { return p.b == 0 || p.s
 // Fills every field of `plan` but `workspace`, including workspace_bytes.
 // Split sequences need at most 2 * num_parts partial slots: a sequence cut into s pieces
 // crosses s - 1 of the num_parts - 1 part boundaries, so sum(s) <= 2 * (num_parts - 1).
+// `op` names the entry point in errors.
 Status make_decode_layout(const MlaDecodeProblem& problem, const DeviceInfo& device,
-                          MlaDecodePlan* plan, MlaDecodeKernel request = MlaDecodeKernel::kAuto);
+                          MlaDecodePlan* plan, MlaDecodeKernel request = MlaDecodeKernel::kAuto,
+                          const char* op = "mla_decode_plan");
 
 // Sets plan->num_parts and lays the workspace regions out again for it (part ranges and
 // partial slots scale with num_parts; workspace_bytes shrinks with it).

@@ -35,12 +35,8 @@ Status mla_decode_workspace_size(const MlaDecodeProblem& problem, std::size_t* b
   MLAKIT_RETURN_IF_ERROR(detail::validate_decode_problem(kOp, problem));
   detail::DeviceInfo dev;
   MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
-  // The kernel request is checked here so that its error names this entry point (the layout
-  // code checks it again under mla_decode_plan's name).
-  detail::DecodeKernelTraits traits;
-  MLAKIT_RETURN_IF_ERROR(detail::select_decode_kernel(kOp, dev, options.kernel, &traits));
   MlaDecodePlan layout;
-  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout, options.kernel));
+  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout, options.kernel, kOp));
   *bytes = layout.workspace_bytes;
   return Status::ok();
 }
@@ -55,7 +51,7 @@ Status mla_decode_plan(const MlaDecodeProblem& problem, const TensorRef& cache_s
   MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
   MLAKIT_RETURN_IF_ERROR(check_seqlens(kOp, cache_seqlens, problem.b, dev.ordinal));
   MlaDecodePlan layout;
-  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout, options.kernel));
+  MLAKIT_RETURN_IF_ERROR(detail::make_decode_layout(problem, dev, &layout, options.kernel, kOp));
   MLAKIT_RETURN_IF_ERROR(detail::attach_workspace(kOp, workspace, workspace_bytes, dev.ordinal, &layout));
   MLAKIT_RETURN_IF_ERROR(detail::check_disjoint(kOp, {detail::buffer_range("workspace", workspace, workspace_bytes)},
                                                 {detail::tensor_range("cache_seqlens", cache_seqlens)}));
