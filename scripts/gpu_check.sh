@@ -9,6 +9,10 @@
 #          identical tensors; ARGS (space-separated, e.g. --compare=--quick) go to compare.py.
 #          The JSONL and PNG land in bench/results/ and $OUT. A compare-only call:
 #          --skip-tests --skip-bench --compare (the build still runs: the package needs it).
+#   --compare-before=DIR: before / after in one call: DIR is an older source tree (carried, e.g.
+#          `git archive <commit> | tar -x -C .before`); its Python package is built too and
+#          compare.py (with COMPARE_ARGS) runs four times, alternating the builds (before,
+#          after, after, before), each against FlashMLA on the same tensors.
 #   --stress[=CASES]: the GPU stress test at length (Stress/*: every case called 20 times on the
 #          same tensors, checked against the reference and bit for bit against its first call;
 #          CASES cases per family and kernel, default 500: >= 10,000 calls each), and the FP8
@@ -35,6 +39,7 @@ run_bench=1
 run_pip=0
 run_compare=0
 compare_args=""
+compare_before=""
 stress_cases=0
 run_sanitize=0
 profile=""
@@ -50,6 +55,7 @@ for arg in "$@"; do
     --sanitize) run_sanitize=1 ;;
     --compare) run_compare=1 ;;
     --compare=*) run_compare=1; compare_args="${arg#--compare=}" ;;
+    --compare-before=*) run_compare=1; compare_before="${arg#--compare-before=}" ;;
     --profile=*) profile="${arg#--profile=}" ;;
     --timeline=*) timeline="${arg#--timeline=}" ;;
     *) bench_args+=("$arg") ;;
@@ -166,18 +172,45 @@ if [ "$run_bench" = 1 ]; then
   tail -25 "$OUT/bench.log" | tee -a "$summary"
 fi
 if [ "$run_compare" = 1 ]; then
-  compare_start=$(date +%s)
   so=.baselines/flashmla/flash_mla/cuda.cpython-312-x86_64-linux-gnu.so
   if [ -f "$so.xz" ] && [ ! -f "$so" ]; then xz -dk "$so.xz"; fi
   [ -d .baselines/flashmla ] || note "compare: .baselines/flashmla missing (carry it, see ../shared/baselines/README.md)"
-  # shellcheck disable=SC2086  # compare_args: several arguments on purpose
-  PYTHONPATH="$PWD/$build/python:$PWD/.baselines/flashmla${PYTHONPATH:+:$PYTHONPATH}" \
-    timeout "${COMPARE_TIMEOUT:-480}" python3 bench/compare.py $compare_args >"$OUT/compare.log" 2>&1
-  note "compare: rc=$? ($(( $(date +%s) - compare_start )) s)"
-  if grep -q "^== side by side ==" "$OUT/compare.log"; then
-    sed -n '/^== side by side ==/,$p' "$OUT/compare.log" | tee -a "$summary"
+  # One compare.py run of the mlakit package in python dir $1, labelled $2 (extra arguments
+  # after it go to compare.py).
+  compare_runs=0
+  compare_run() {
+    local compare_start python_dir="$1" label="$2" log
+    shift 2
+    compare_runs=$((compare_runs + 1))
+    log="$OUT/compare_${compare_runs}_$label.log"
+    compare_start=$(date +%s)
+    # shellcheck disable=SC2086  # compare_args: several arguments on purpose
+    PYTHONPATH="$python_dir:$PWD/.baselines/flashmla${PYTHONPATH:+:$PYTHONPATH}" \
+      timeout "${COMPARE_TIMEOUT:-480}" python3 bench/compare.py $compare_args "$@" >"$log" 2>&1
+    note "compare ($label): rc=$? ($(( $(date +%s) - compare_start )) s)"
+    if grep -q "^== side by side ==" "$log"; then
+      sed -n '/^== side by side ==/,$p' "$log" | tee -a "$summary"
+    else
+      tail -30 "$log" | tee -a "$summary"
+    fi
+  }
+  if [ -n "$compare_before" ]; then
+    before_build="$compare_before/build-gpu"
+    if { cmake -S "$compare_before" -B "$before_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKIT_ENABLE_CUDA=ON \
+           $python_options && cmake --build "$before_build" -j "$(nproc)" --target _mlakit; } >"$OUT/before_build.log" 2>&1; then
+      for side in before after after before; do
+        # The older build's results stay out of bench/results.
+        if [ "$side" = before ]; then
+          compare_run "$PWD/$before_build/python" before --out-dir "$OUT/before_results" --no-chart
+        else
+          compare_run "$PWD/$build/python" after
+        fi
+      done
+    else
+      note "compare-before: build of $compare_before FAILED (before_build.log)"
+    fi
   else
-    tail -30 "$OUT/compare.log" | tee -a "$summary"
+    compare_run "$PWD/$build/python" mlakit
   fi
   find bench/results -name '*-compare.*' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/" \;
 fi
@@ -200,4 +233,4 @@ if [ -n "$profile" ]; then
 fi
 note "total: $(( $(date +%s) - start )) s"
 # The device returns a few files per call: the logs travel as one archive.
-(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log sass.txt.gz 2>/dev/null)
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log sass.txt.gz before_results 2>/dev/null)

@@ -32,12 +32,24 @@ struct Sm90DecodeConfig {
   static constexpr int kVColsPerConsumer = kDv / 2;  // O columns of one consumer
   static constexpr int kQkSteps = kDqk / 16;
   static constexpr int kPvSteps = kKeys / 16;
-  // Named barriers (id 0 is __syncthreads).
-  static constexpr uint32_t kBarConsumers = 1;  // both consumers: Q loaded, row sums, segment end
-  static constexpr uint32_t kBarP0Ready = 2;    // consumer 0 arrives, consumer 1 syncs
-  static constexpr uint32_t kBarP1Ready = 3;    // consumer 1 arrives, consumer 0 syncs
-  static constexpr uint32_t kBarZeroed = 4;     // + w: one consumer's zeroed cache rows
-  static constexpr uint32_t kBarMaxAReady = 6;  // consumer 0 arrives with m_A, consumer 1 syncs (PairOrder::kSoftmaxBFirst)
+  // The one named barrier (id 0 is __syncthreads), synced by all 256 consumer threads
+  // whenever either uses it: Q loaded, row sums, segment end. compute-sanitizer racecheck
+  // follows a named barrier only when both consumers take part in each of its uses (with
+  // bar.arrive, or with a barrier one consumer uses alone, it reported hazards on ordered
+  // exchanges), so everything else is an mbarrier (Sm90DecodeSmem::handoff).
+  static constexpr uint32_t kBarConsumers = 1;
+  // Hand-offs through shared memory (Sm90DecodeSmem::handoff, 128 arrivals each): every
+  // thread of the writing consumer arrives after its writes, every thread of the reader waits.
+  static constexpr int kP0Ready = 0;    // consumer 0 -> 1: P_A in stage 0's slab 8, m_A
+  static constexpr int kP1Ready = 1;    // consumer 1 -> 0: P_B in stage 1's slab 8, m_B
+  static constexpr int kMaxAReady = 2;  // consumer 0 -> 1: m_A ahead of P_A (PairOrder::kSoftmaxBFirst)
+  static constexpr int kZeroed0 = 3;    // consumer 0 -> its own wgmma: zeroed rows of a partial tile
+  static constexpr int kZeroed1 = 4;    // consumer 1's
+  static constexpr int kHandoffs = 5;
+  // Arrivals that release a half of a stage come from lane 0 of each consumer warp: the lanes
+  // that read the producer's per-tile flags (stage_bad, key_valid) and broadcast them, so
+  // that each reading thread's own arrival orders its read before the producer's next write.
+  static constexpr int kReleasingLanesPerConsumer = 4;
 
   // The halves of a stage that are released separately (Sm90DecodeSmem::empty).
   static constexpr int kLowSlabs = 0;   // V slabs 0..3: consumer 0's P·V columns
@@ -99,6 +111,7 @@ struct Sm90DecodeSmem {
   // every segment of the CTA (decode_q_tile.cuh).
   int64_t q_row_offset[C::kRows];
   uint64_t q_full;  // the Q tile by TMA (dense decode): one arrival plus the 9 boxes' bytes
+  uint64_t handoff[C::kHandoffs];  // the consumers' hand-offs (Sm90DecodeConfig::kP0Ready ..)
   int stage_bad[C::kStages];
   alignas(8) uint16_t key_valid[C::kStages][4];  // gathered tiles: valid-slot mask, 16 keys per producer warp
 };
@@ -110,8 +123,9 @@ static_assert(kSm90SmemBytes <= 232448, "fits the 227 KB opt-in shared memory of
 //     (S_A) and consumer 1 (P_A V_A,1, reading P_A from slab 8).
 //   stage 1 (tile B): slabs 0..3: consumer 1 (S_B) and consumer 0 (P_B V_B,0); slabs 4..8:
 //     consumer 1 (S_B, P_B V_B,1) and consumer 0 (P_B V_B,0 reads P_B from slab 8).
+// Each consumer's arrival is one per warp (Sm90DecodeConfig::kReleasingLanesPerConsumer).
 __host__ __device__ constexpr uint32_t empty_count(int stage, int half) {
-  return stage == 0 && half == Sm90DecodeConfig::kLowSlabs ? 1 : 2;
+  return (stage == 0 && half == Sm90DecodeConfig::kLowSlabs ? 1 : 2) * Sm90DecodeConfig::kReleasingLanesPerConsumer;
 }
 
 // The CTA's shared memory (1024-aligned in the dynamic allocation) with its barriers set up by
@@ -132,6 +146,7 @@ __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, Ful
       sm.stage_bad[s] = 0;
     }
     device::sm90::mbarrier_init(&sm.q_full, 1);
+    for (int h = 0; h < C::kHandoffs; ++h) device::sm90::mbarrier_init(&sm.handoff[h], 128);
     device::sm90::fence_mbarrier_init();
   }
   __syncthreads();

@@ -17,11 +17,16 @@
 // from the RoPE slab of the tile's own stage (dead once S is done), so shared memory holds
 // just Q and two cache tiles.
 //
-// Hand-offs: kBarP0Ready / kBarP1Ready (bar.arrive by the publisher after its P tile, row max
-// and fence.proxy.async; bar.sync by the other consumer). A stage is released in two halves
-// (empty[s][half]: V slabs 0..3, and slabs 4..8), each by its last readers after their last
-// wgmma reading it, so the producer refills the first half of tile A while consumer 1 is still
-// on the second; the P tile in the RoPE slab is recycled with the second half.
+// Hand-offs: mbarriers handoff[kP0Ready] / handoff[kP1Ready] (every thread of the publisher
+// arrives after its P tile, row max and fence.proxy.async; every thread of the other consumer
+// waits). A stage is released in two halves (empty[s][half]: V slabs 0..3, and slabs 4..8),
+// each by its last readers after their last wgmma reading it, so the producer refills the
+// first half of tile A while consumer 1 is still on the second; the P tile in the RoPE slab
+// is recycled with the second half.
+//
+// Every exchange through shared memory between threads is ordered by a barrier that each
+// accessing thread takes part in itself (a bar.sync, or its own mbarrier arrival or wait), so
+// compute-sanitizer racecheck follows each one (docs/kernels/mla_decode_sm90.md lists them).
 #pragma once
 
 #include <cuda.h>
@@ -152,14 +157,15 @@ class Sm90Consumer {
       float mx[2];
       scaled_logits(s, start_a, mx);
       reference_max(mx, m_, m_a);
-      publish_row_max(m_a);  // publish below stores the same values again
-      dev::named_barrier_arrive(C::kBarMaxAReady, C::kConsumerThreads);
+      publish_row_max(m_a);
+      dev::mbarrier_arrive(&sm_.handoff[C::kMaxAReady]);
       dev::fence_registers(s);  // the exponentials after the arrival (see pair_consumer1)
       exponentiate(s, m_a, sum_a);
+      publish<false>(s, m_a, C::kP0Ready);
     } else {
       softmax(s, start_a, m_a, sum_a);
+      publish(s, m_a, C::kP0Ready);
     }
-    publish(s, m_a, C::kBarP0Ready);
     rescale(m_a);  // no wgmma pending on O: the wait above covered them
     add_sums(sum_a);
     uint32_t frag[C::kPvSteps][4];
@@ -173,10 +179,10 @@ class Sm90Consumer {
     dev::fence_registers(frag);
     release(0, C::kLowSlabs);
     if (has_b) {
-      dev::named_barrier_sync(C::kBarP1Ready, C::kConsumerThreads);
+      await_handoff(C::kP1Ready);
       MLAKIT_SM90_STAMP(kConsumerHandoff);
       if constexpr (kGathered) dev::fence_proxy_async_smem();  // V_B: generic-proxy writes (issue_scores says why)
-      bad_ |= sm_.stage_bad[1] != 0;
+      bad_ |= stage_bad(1);
       float m_b[2];
       read_row_max(1, m_b);
       rescale(m_b);
@@ -230,7 +236,7 @@ class Sm90Consumer {
       // only after it has P_B, so each named barrier completes once per pair.
       receive_p_a();
       MLAKIT_SM90_STAMP(kConsumerHandoff);
-      publish(s, m_b, C::kBarP1Ready);
+      publish(s, m_b, C::kP1Ready);
       rescale(m_a);  // no wgmma in flight
       issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
       dev::wgmma_wait<0>();  // O moves on to m_B next
@@ -249,7 +255,7 @@ class Sm90Consumer {
       MLAKIT_SM90_STAMP(kConsumerScores);
       release(0, C::kHighSlabs);
       softmax(s, start_b, m_b, sum_b);
-      publish(s, m_b, C::kBarP1Ready);
+      publish(s, m_b, C::kP1Ready);
       // S_B and the valid-slot mask (read by the softmax) were this consumer's last reads of
       // what the producer rewrites with slabs 0..3 of stage 1.
       release(1, C::kLowSlabs);
@@ -266,7 +272,7 @@ class Sm90Consumer {
       rescale(m_a);
       issue_values_ss(sm_.kv[0][C::kNopeSlabs], 0);
       softmax(s, start_b, m_b, sum_b);  // overlaps P_A V_A,0 and P_A V_A,1
-      publish(s, m_b, C::kBarP1Ready);
+      publish(s, m_b, C::kP1Ready);
       dev::wgmma_wait<0>();
       dev::fence_registers(o_);
       release(0, C::kHighSlabs);
@@ -284,9 +290,9 @@ class Sm90Consumer {
 
   // Consumer 1's side of the tile-A hand-off: P_A is in shared memory.
   __device__ void receive_p_a() {
-    dev::named_barrier_sync(C::kBarP0Ready, C::kConsumerThreads);
+    await_handoff(C::kP0Ready);
     if constexpr (kGathered) dev::fence_proxy_async_smem();  // V_A: generic-proxy writes (issue_scores says why)
-    bad_ |= sm_.stage_bad[0] != 0;
+    bad_ |= stage_bad(0);
   }
 
   // The hand-off with m_A, published together with P_A (every order but kSoftmaxBFirst).
@@ -297,8 +303,24 @@ class Sm90Consumer {
 
   // Consumer 1 in the kSoftmaxBFirst order: m_A, published before P_A.
   __device__ void await_row_max_a(float (&m_a)[2]) {
-    dev::named_barrier_sync(C::kBarMaxAReady, C::kConsumerThreads);
+    await_handoff(C::kMaxAReady);
     read_row_max(0, m_a);
+  }
+
+  // Waits for the next completion of one of the hand-offs this consumer receives (each
+  // completes once per wait of its receiver, so one parity bit tracks it).
+  __device__ void await_handoff(int handoff) {
+    dev::mbarrier_wait(&sm_.handoff[handoff], (handoff_phases_ >> handoff) & 1u);
+    handoff_phases_ ^= 1u << handoff;
+  }
+
+  // The producer's bad-block flag of a stage's tile. Lane 0 of each warp reads it and arrives
+  // on the stage's empty barriers (release), so its read is ordered before the producer's next
+  // write by the reading thread's own arrival; the other lanes get it by shuffle.
+  __device__ bool stage_bad(int stage) const {
+    if constexpr (kGathered) return false;  // gathering producers mask bad slots out instead
+    const int bad = lane_ == 0 ? sm_.stage_bad[stage] : 0;
+    return __shfl_sync(0xffffffffu, bad, 0) != 0;
   }
 
   __device__ void read_row_max(int consumer, float (&m)[2]) const {
@@ -372,13 +394,16 @@ class Sm90Consumer {
       *reinterpret_cast<uint4*>(&sm_.kv[stage][k / 8][r * 128 + (k % 8) * 16]) = make_uint4(0, 0, 0, 0);
     }
     dev::fence_proxy_async_smem();
-    dev::named_barrier_sync(C::kBarZeroed + w_, 128);
+    const int zeroed = w_ == 0 ? C::kZeroed0 : C::kZeroed1;
+    dev::mbarrier_arrive(&sm_.handoff[zeroed]);
+    await_handoff(zeroed);
   }
 
-  // One arrival on a half of a stage (empty_count in decode_config.cuh lists them), once this
-  // consumer's wgmma reads of those slabs have completed.
+  // This consumer's arrival on a half of a stage (empty_count in decode_config.cuh lists
+  // them), once its wgmma reads of those slabs have completed: one per warp, by the lane that
+  // read the tile's flags (stage_bad, gathered_mask).
   __device__ void release(int stage, int half) {
-    if (t_ % 128 == 0) dev::mbarrier_arrive(&sm_.empty[stage][half]);
+    if (lane_ == 0) dev::mbarrier_arrive(&sm_.empty[stage][half]);
   }
 
   // Issues S = Q K^T of a stage's tile (64 x 64 over d_qk, K-major A and B, 128B swizzle,
@@ -424,7 +449,7 @@ class Sm90Consumer {
     }
     dev::wgmma_commit();
     phase_ ^= 1;
-    return sm_.stage_bad[stage] != 0;
+    return stage_bad(stage);
   }
 
   // Waits for the whole tile of a stage: its one barrier (gathered tiles), or the barrier of
@@ -562,8 +587,12 @@ class Sm90Consumer {
   // The valid-slot bits of the gathered tile in `stage` for this thread's 16 score columns
   // 8j + 2 (lane % 4) + {0, 1}, j = 0..7, as bits 2j, 2j + 1.
   __device__ uint32_t gathered_mask(int stage) const {
-    // The four warps' 16-bit words in one load: key 8 j + c is bit 8 j + c.
-    const uint64_t words = *reinterpret_cast<const uint64_t*>(sm_.key_valid[stage]) >> (2 * (lane_ % 4));
+    // The four warps' 16-bit words in one load (key 8 j + c is bit 8 j + c), by lane 0, which
+    // arrives on the stage's empty barrier after it (stage_bad says why).
+    uint64_t loaded = 0;
+    if (lane_ == 0) loaded = *reinterpret_cast<const uint64_t*>(sm_.key_valid[stage]);
+    const uint64_t words = static_cast<uint64_t>(__shfl_sync(0xffffffffu, static_cast<unsigned long long>(loaded), 0)) >>
+                           (2 * (lane_ % 4));
     uint32_t bits = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) bits |= static_cast<uint32_t>((words >> (8 * j)) & 3u) << (2 * j);
@@ -571,7 +600,7 @@ class Sm90Consumer {
   }
 
   // The reference max of this consumer's tile for the other consumer (released by the next
-  // named-barrier arrival): in publish, or before it where m_A goes out ahead of P_A.
+  // hand-off arrival): with P, or ahead of it where m_A goes out first (kSoftmaxBFirst).
   __device__ void publish_row_max(const float (&m_new)[2]) {
     if (lane_ % 4 == 0) {
       sm_.row_max[w_][r0_] = m_new[0];
@@ -580,8 +609,11 @@ class Sm90Consumer {
   }
 
   // Writes P (q's dtype, 128B-swizzled [64 rows][64 keys]) over the RoPE slab of this
-  // consumer's stage (its S is done) and the row max, then signals the other consumer.
-  __device__ void publish(const float (&s)[32], const float (&m_new)[2], uint32_t barrier) {
+  // consumer's stage (its S is done) and the row max (kWithRowMax: false where it went out
+  // ahead, kSoftmaxBFirst's m_A), then arrives on the hand-off: every thread, after its own
+  // stores and the proxy fence that shows them to the other consumer's wgmma.
+  template <bool kWithRowMax = true>
+  __device__ void publish(const float (&s)[32], const float (&m_new)[2], int handoff) {
     // The 8 x 8 blocks of this warp's 16 rows by stmatrix, four at a time: block (h, j) (rows
     // 16 warp + 8 h .., columns 8 j ..) is registers s[4 j + 2 h], s[4 j + 2 h + 1] of each
     // thread; lane l addresses row l % 8 of block (l / 8 % 2, 2 k + l / 16) of call k, at its
@@ -595,9 +627,9 @@ class Sm90Consumer {
                        Ops::pack(s[8 * k + 2], s[8 * k + 3]), Ops::pack(s[8 * k + 4], s[8 * k + 5]),
                        Ops::pack(s[8 * k + 6], s[8 * k + 7]));
     }
-    publish_row_max(m_new);
+    if constexpr (kWithRowMax) publish_row_max(m_new);
     dev::fence_proxy_async_smem();
-    dev::named_barrier_arrive(barrier, C::kConsumerThreads);
+    dev::mbarrier_arrive(&sm_.handoff[handoff]);
     MLAKIT_SM90_STAMP(kConsumerPublished);
   }
 
@@ -671,8 +703,8 @@ class Sm90Consumer {
     // Past this barrier both consumers' multiplies are done (each pair ends with a wait), so
     // the Q tile is dead: the next segment's Q is copied while the outputs go out.
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
-    if (next_seq >= 0) issue_q(next_seq);
     const float sum[2] = {sm_.row_sum[0][r0_] + sm_.row_sum[1][r0_], sm_.row_sum[0][r0_ + 8] + sm_.row_sum[1][r0_ + 8]};
+    if (next_seq >= 0) issue_q(next_seq);
     // No plan (sparse prefill) or a plan without splits: every segment is a whole sequence,
     // written directly (and no load waited for).
     const bool direct =
@@ -754,7 +786,8 @@ class Sm90Consumer {
   Sm90DecodeSmem& sm_;
   const CUtensorMap* const q_map_;
   const int w_, t_, lane_, r0_, hk_, tile_;
-  uint32_t phase_ = 0;  // parity of this consumer's next wait on full[w][*]
+  uint32_t phase_ = 0;           // parity of this consumer's next wait on full[w][*]
+  uint32_t handoff_phases_ = 0;  // bit h: parity of the next wait on handoff[h]
   int lim_[2] = {0, 0};
   // m_: the reference max of the exponents (lags the row's max by up to kRescaleSlack; LSE =
   // m_ + log2(l) holds for any reference); max_logit_: the max of this consumer's logits.
