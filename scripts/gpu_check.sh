@@ -9,10 +9,11 @@
 #          identical tensors; ARGS (space-separated, e.g. --compare=--quick) go to compare.py.
 #          The JSONL and PNG land in bench/results/ and $OUT. A compare-only call:
 #          --skip-tests --skip-bench --compare (the build still runs: the package needs it).
-#   --compare-before=DIR: before / after in one call: DIR is an older source tree (carried, e.g.
-#          `git archive <commit> | tar -x -C .before`); its Python package is built too and
-#          compare.py (with COMPARE_ARGS) runs four times, alternating the builds (before,
-#          after, after, before), each against FlashMLA on the same tensors.
+#   --compare-before=DIR[,DIR...]: before / after in one call: each DIR is another source tree
+#          (carried, e.g. `git archive <commit> | tar -x -C .before`, or a variant under test);
+#          their Python packages are built too and compare.py (with COMPARE_ARGS) runs for each
+#          build in turn and then in reverse order (DIRs, after, after, DIRs reversed), each run
+#          against FlashMLA on the same tensors; a run is labelled with its DIR's name.
 #   --stress[=CASES]: the GPU stress test at length (Stress/*: every case called 20 times on the
 #          same tensors, checked against the reference and bit for bit against its first call;
 #          CASES cases per family and kernel, default 500: >= 10,000 calls each), and the FP8
@@ -195,20 +196,28 @@ if [ "$run_compare" = 1 ]; then
     fi
   }
   if [ -n "$compare_before" ]; then
-    before_build="$compare_before/build-gpu"
-    if { cmake -S "$compare_before" -B "$before_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKIT_ENABLE_CUDA=ON \
-           $python_options && cmake --build "$before_build" -j "$(nproc)" --target _mlakit; } >"$OUT/before_build.log" 2>&1; then
-      for side in before after after before; do
-        # The older build's results stay out of bench/results.
-        if [ "$side" = before ]; then
-          compare_run "$PWD/$before_build/python" before --out-dir "$OUT/before_results" --no-chart
-        else
-          compare_run "$PWD/$build/python" after
-        fi
-      done
-    else
-      note "compare-before: build of $compare_before FAILED (before_build.log)"
-    fi
+    IFS=, read -r -a before_dirs <<<"$compare_before"
+    built=()
+    for dir in "${before_dirs[@]}"; do
+      label="$(basename "$dir")"; label="${label#.}"
+      if { cmake -S "$dir" -B "$dir/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAKIT_ENABLE_CUDA=ON \
+             $python_options && cmake --build "$dir/build-gpu" -j "$(nproc)" --target _mlakit; } >"$OUT/build_$label.log" 2>&1; then
+        built+=("$dir")
+      else
+        note "compare-before: build of $dir FAILED (build_$label.log)"
+      fi
+    done
+    order=("${built[@]}" after after)
+    for ((i = ${#built[@]} - 1; i >= 0; i--)); do order+=("${built[$i]}"); done
+    for side in "${order[@]}"; do
+      if [ "$side" = after ]; then
+        compare_run "$PWD/$build/python" after
+      else
+        # The other builds' results stay out of bench/results.
+        label="$(basename "$side")"; label="${label#.}"
+        compare_run "$PWD/$side/build-gpu/python" "$label" --out-dir "$OUT/${label}_results" --no-chart
+      fi
+    done
   else
     compare_run "$PWD/$build/python" mlakit
   fi
@@ -233,4 +242,4 @@ if [ -n "$profile" ]; then
 fi
 note "total: $(( $(date +%s) - start )) s"
 # The device returns a few files per call: the logs travel as one archive.
-(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log sass.txt.gz before_results 2>/dev/null)
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log sass.txt.gz ./*_results 2>/dev/null)
