@@ -30,6 +30,15 @@
 
 namespace mlakit::detail::sm90 {
 
+// The dense decode's consumers: TMA tiles of the paged cache, the seesaw's default order.
+template <typename ElemT>
+struct DenseDecodeConsumer {
+  using Elem = ElemT;
+  static constexpr KeyTiles kTiles = KeyTiles::kTma;
+  static constexpr PairOrder kOrder = PairOrder::kPvA1DuringSoftmaxB;
+  static constexpr bool kMaxLogits = false;
+};
+
 template <typename Elem>
 __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     mla_decode_sm90_kernel(const __grid_constant__ MlaDecodeParams p, const __grid_constant__ CUtensorMap kv_map,
@@ -47,7 +56,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     if (threadIdx.x / 32 < producers) produce(p, kv_map, box_rows, sm);
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Sm90Consumer<Elem> consumer(p, sm, blockIdx.x, blockIdx.y, q_by_tma ? &q_map : nullptr);
+    Sm90Consumer<DenseDecodeConsumer<Elem>> consumer(p, sm, blockIdx.x, blockIdx.y, q_by_tma ? &q_map : nullptr);
     consumer.run_part(p.part_ranges[blockIdx.z]);
     if (threadIdx.x == 128) MLAKIT_SM90_CTA_SPAN(true);
   }

@@ -16,6 +16,15 @@
 
 namespace mlakit::detail::sm90 {
 
+// The sparse decode's consumers: bf16 rows dequantized by the FP8 gathering producer, P_A V_A,1
+// first (consumer_options.cuh).
+struct SparseDecodeConsumer {
+  using Elem = __nv_bfloat16;
+  static constexpr KeyTiles kTiles = KeyTiles::kGathered;
+  static constexpr PairOrder kOrder = PairOrder::kPvA1First;
+  static constexpr bool kMaxLogits = false;
+};
+
 __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     mla_sparse_decode_sm90_kernel(const __grid_constant__ MlaDecodeParams p, const __grid_constant__ CUtensorMap q_map,
                                   const bool q_by_tma) {
@@ -35,8 +44,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     });
   } else {
     dev::setmaxnreg_inc<C::kFp8ConsumerRegs>();
-    Sm90Consumer<__nv_bfloat16, /*kGathered=*/true, PairOrder::kPvA1First> consumer(p, sm, blockIdx.x, 0,
-                                                                                    q_by_tma ? &q_map : nullptr);
+    Sm90Consumer<SparseDecodeConsumer> consumer(p, sm, blockIdx.x, 0, q_by_tma ? &q_map : nullptr);
     consumer.run_part(range);
     if (threadIdx.x == 128) MLAKIT_SM90_CTA_SPAN(true);
   }

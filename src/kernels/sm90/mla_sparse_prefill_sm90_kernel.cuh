@@ -17,6 +17,16 @@
 
 namespace mlakit::detail::sm90 {
 
+// The sparse prefill's consumers: gathered bf16 rows landing in halves, softmax B first
+// (consumer_options.cuh), max_logits written.
+template <typename ElemT>
+struct SparsePrefillConsumer {
+  using Elem = ElemT;
+  static constexpr KeyTiles kTiles = KeyTiles::kGatheredHalves;
+  static constexpr PairOrder kOrder = PairOrder::kSoftmaxBFirst;
+  static constexpr bool kMaxLogits = true;
+};
+
 template <typename Elem>
 __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     mla_sparse_prefill_sm90_kernel(const __grid_constant__ MlaDecodeParams p, const __grid_constant__ CUtensorMap q_map,
@@ -44,8 +54,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     }
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Sm90Consumer<Elem, /*kGathered=*/true, PairOrder::kSoftmaxBFirst, /*kMaxLogits=*/true, /*kGatheredHalves=*/true> consumer(
-        p, sm, tile, 0, q_by_tma ? &q_map : nullptr);
+    Sm90Consumer<SparsePrefillConsumer<Elem>> consumer(p, sm, tile, 0, q_by_tma ? &q_map : nullptr);
     consumer.run_segment(seq, L, 0, L, 0);
   }
 #endif
