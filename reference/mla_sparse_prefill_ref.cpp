@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/math_constants.h"
 #include "host/mla_decode_validate.h"
 #include "host/mla_sparse_prefill_validate.h"
 #include "mlakit/mla_sparse_prefill.h"
@@ -15,8 +16,8 @@ namespace mlakit::reference {
 namespace {
 
 constexpr const char* kOp = "reference::mla_sparse_prefill";
-constexpr double kLog2e = 1.4426950408889634;
-constexpr double kLn2 = 0.6931471805599453;
+using detail::kLn2;
+using detail::kLog2e;
 
 void prefill_token(const MlaSparsePrefillArgs& a, const detail::SparsePrefillShape& s, double scale, int64_t i) {
   int64_t count = s.topk;

@@ -31,6 +31,9 @@ __device__ __forceinline__ int32_t load_s32_or(const int32_t* src, bool pred, in
   return v;
 }
 
+// Bytes of a cache line (L1 and L2): what one prefetch_l2 brings in.
+inline constexpr int kCacheLineBytes = 128;
+
 // prefetch.global.L2: brings the line holding `addr` into L2 (no register, no scoreboard),
 // so a later load of it misses only L1. One instruction per thread with any address,
 // where cp.async.bulk.prefetch.L2 takes a warp-uniform one (per-lane addresses compile to a

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "common/math_constants.h"
+
 namespace mlakit::device {
 
 template <typename Elem>
@@ -46,7 +48,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-inline constexpr float kLn2 = 0.693147180559945309f;
-inline constexpr float kLog2e = 1.442695040888963407f;
+// The float copies of common/math_constants.h's constants, for the kernels.
+inline constexpr float kLn2 = static_cast<float>(detail::kLn2);
+inline constexpr float kLog2e = static_cast<float>(detail::kLog2e);
 
 }  // namespace mlakit::device

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "common/math_constants.h"
 #include "dispatch/cuda_status.h"
 #include "kernels/portable/launch.h"
 #include "kernels/sm90/launch.h"
@@ -91,7 +92,7 @@ MlaDecodeParams make_decode_params(const MlaDecodeArgs& a, const MlaDecodePlan& 
       .page_size = static_cast<int>(a.kv_cache.shape[1]),
       .num_blocks = a.kv_cache.shape[0],
       .max_blocks_per_seq = static_cast<int>(a.block_table.shape[1]),
-      .scale_log2 = softmax_scale * 1.4426950408889634f,
+      .scale_log2 = softmax_scale * static_cast<float>(kLog2e),
       .causal = a.causal && pr.s_q > 1,
       .seq_divisor = 1,
   };
@@ -142,7 +143,7 @@ MlaDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& a, const Ml
       .rows = pr.h_q,
       .page_size = static_cast<int>(a.kv_cache.shape[1]),
       .num_blocks = a.kv_cache.shape[0],
-      .scale_log2 = softmax_scale * 1.4426950408889634f,
+      .scale_log2 = softmax_scale * static_cast<float>(kLog2e),
       .causal = false,
       .seq_divisor = static_cast<int>(a.q.shape[1]),
       .indices = static_cast<const int32_t*>(a.indices.data),

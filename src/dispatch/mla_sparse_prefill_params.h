@@ -2,6 +2,7 @@
 // dispatch and the timeline tool (bench/timeline.cu), which builds its own traced kernel.
 #pragma once
 
+#include "common/math_constants.h"
 #include "host/mla_sparse_prefill_validate.h"
 #include "kernels/mla_decode_params.h"
 #include "mlakit/mla_sparse_prefill.h"
@@ -52,7 +53,7 @@ inline MlaDecodeParams sparse_prefill_params(const MlaSparsePrefillArgs& a, cons
       .max_blocks_per_seq = 0,
       .block_n = 0,
       .num_parts = 0,
-      .scale_log2 = sm_scale * 1.4426950408889634f,
+      .scale_log2 = sm_scale * static_cast<float>(kLog2e),
       .causal = false,
       .seq_divisor = 1,
       .indices = static_cast<const int32_t*>(a.indices.data),

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "device/sm90/matrix_store.cuh"
+#include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
+#include "device/sm90/wgmma_fragment.cuh"
 #include "gpu_test_util.h"
 #include "kernels/sm90/launch.h"
 #include "reference/host_numeric.h"
@@ -19,8 +21,10 @@
 namespace mlakit::testing {
 
 // Byte offset of element (r, c) of a [rows][64] 16-bit slab in the 128-byte swizzle
-// (HOPPER_NOTES section 3): 16-byte chunk c/8 of row r moves to chunk (c/8) ^ (r % 8).
-__host__ __device__ inline int sw128_offset(int r, int c) { return r * 128 + ((2 * c) ^ ((r & 7) << 4)); }
+// (HOPPER_NOTES section 3; device/sm90/swizzle.cuh): element c is in 16-byte chunk c / 8.
+__host__ __device__ inline int sw128_offset(int r, int c) {
+  return device::sm90::sw128_offset(r, c / 8) + 2 * (c % 8);
+}
 
 namespace {
 
@@ -89,11 +93,7 @@ __global__ void wgmma_n64_kernel(const uint16_t* a, const uint16_t* b, float* d)
   dev::wgmma_wait<0>();
   dev::fence_registers(acc);
   dev::fence_registers(frag);
-  const int w = t / 32, l = t % 32;
-  for (int i = 0; i < 32; ++i) {
-    const int row = 16 * w + l / 4 + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * (l % 4) + (i & 1);
-    d[row * 64 + col] = acc[i];
-  }
+  for (int i = 0; i < 32; ++i) d[dev::acc_row(t, i) * 64 + dev::acc_col(t, i)] = acc[i];
 #endif
 }
 
@@ -150,11 +150,7 @@ __global__ void wgmma_n256_kernel(const uint16_t* p, const uint16_t* v, float* d
   dev::wgmma_wait<0>();
   dev::fence_registers(acc);
   dev::fence_registers(frag);
-  const int w = t / 32, l = t % 32;
-  for (int i = 0; i < 128; ++i) {
-    const int row = 16 * w + l / 4 + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * (l % 4) + (i & 1);
-    d[row * 256 + col] = acc[i];
-  }
+  for (int i = 0; i < 128; ++i) d[dev::acc_row(t, i) * 256 + dev::acc_col(t, i)] = acc[i];
 #endif
 }
 

@@ -4,7 +4,9 @@
 
 #include <cstdint>
 
+#include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
 #include "kernels/decode_rows.cuh"
 #include "kernels/mla_decode_params.h"
 
@@ -18,7 +20,7 @@ struct Sm90DecodeConfig {
   static constexpr int kSlabCols = 64;  // 128 bytes of bf16: one 128B-swizzle row
   static constexpr int kSlabs = kDqk / kSlabCols;  // 8 NoPE slabs (also V) + 1 RoPE slab
   static constexpr int kNopeSlabs = kDv / kSlabCols;
-  static constexpr int kSlabBytes = kKeys * 128;
+  static constexpr int kSlabBytes = kKeys * device::sm90::kSwizzleRowBytes;
   static constexpr int kStages = 2;   // tile A of a pair in stage 0, tile B in stage 1
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
@@ -89,8 +91,12 @@ struct Sm90DecodeConfig {
   // 1) gives 168 per thread (65536 / 384 rounded down to 8), 64512 in all; a larger total
   // leaves setmaxnreg.inc waiting forever.
   static constexpr int kLaunchRegs = 168 * kThreads;
-  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= kLaunchRegs, "register budget");
-  static_assert(kFp8ProducerRegs * 128 + kFp8ConsumerRegs * kConsumerThreads <= kLaunchRegs, "register budget");
+  // The producer is one warpgroup.
+  static_assert(kProducerRegs * device::sm90::kWarpgroupThreads + kConsumerRegs * kConsumerThreads <= kLaunchRegs,
+                "register budget");
+  static_assert(kFp8ProducerRegs * device::sm90::kWarpgroupThreads + kFp8ConsumerRegs * kConsumerThreads <=
+                    kLaunchRegs,
+                "register budget");
 };
 
 struct Sm90DecodeSmem {
@@ -146,7 +152,8 @@ __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, Ful
       sm.stage_bad[s] = 0;
     }
     device::sm90::mbarrier_init(&sm.q_full, 1);
-    for (int h = 0; h < C::kHandoffs; ++h) device::sm90::mbarrier_init(&sm.handoff[h], 128);
+    // A hand-off: every thread of the writing consumer (one warpgroup) arrives.
+    for (int h = 0; h < C::kHandoffs; ++h) device::sm90::mbarrier_init(&sm.handoff[h], device::sm90::kWarpgroupThreads);
     device::sm90::fence_mbarrier_init();
   }
   __syncthreads();

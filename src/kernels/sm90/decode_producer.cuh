@@ -4,7 +4,9 @@
 
 #include <cuda.h>
 
+#include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/timeline.cuh"
 
@@ -21,10 +23,10 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
                                         Sm90DecodeSmem& sm) {
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % dev::kWarpSize, warp = threadIdx.x / dev::kWarpSize;
   const int hk = blockIdx.y, tile = blockIdx.x;
   const int boxes = producer_warps(box_rows);
-  const uint32_t box_bytes = static_cast<uint32_t>(box_rows) * 128;  // one box of one slab
+  const uint32_t box_bytes = static_cast<uint32_t>(box_rows) * dev::kSwizzleRowBytes;  // one box of one slab
   if (lane == 0) dev::tma_prefetch_descriptor(&kv_map);
   uint32_t phases = 0;  // bit s: parity of stage s's current lap (a bit mask: no local memory)
   for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int) {
@@ -60,7 +62,7 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
         for (int s = first; mine && s < end; ++s) {
           uint64_t* bar = &sm.full[stage][C::group_last_slab(s)];
           dev::mbarrier_expect_tx(bar, box_bytes);
-          dev::tma_load_4d(&sm.kv[stage][s][warp * box_rows * 128], &kv_map, bar, s * C::kSlabCols, hk, my_row,
+          dev::tma_load_4d(&sm.kv[stage][s][warp * box_rows * dev::kSwizzleRowBytes], &kv_map, bar, s * C::kSlabCols, hk, my_row,
                            my_block);
         }
       };

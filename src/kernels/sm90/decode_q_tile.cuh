@@ -10,7 +10,9 @@
 #pragma once
 
 #include "device/cp_async.cuh"
+#include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
 #include "kernels/decode_rows.cuh"
 #include "kernels/sm90/decode_config.cuh"
 
@@ -31,24 +33,26 @@ __device__ __forceinline__ void fill_q_row_offsets(const MlaDecodeParams& p, Sm9
 
 // Issues the cp.async copies of scheduled sequence seq's Q tile (rows as sm.q_row_offset says)
 // into sm.q, 128B-swizzled; padding rows and columns past d_qk are zeros. Warp w of the
-// `threads` threads (t = this thread) copies rows w, w + threads / 32, ...
+// `threads` threads (t = this thread) copies rows w, w + threads / kWarpSize, ...
 template <typename Elem>
 __device__ __forceinline__ void copy_q_tile(const MlaDecodeParams& p, Sm90DecodeSmem& sm, int seq, int t,
                                             int threads) {
+  namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
   constexpr int kChunksPerRow = C::kDqk / 8;
   const Elem* q = static_cast<const Elem*>(p.q);
   const Elem* seq_q = q + seq_offset(p, seq, p.q_stride_b, p.q_stride_s);
   const uint32_t q_smem = device::smem_address(&sm.q[0][0]);
-  const int lane = t % 32;
+  const int lane = t % dev::kWarpSize;
 #pragma unroll 1
-  for (int r = t / 32; r < C::kRows; r += threads / 32) {
+  for (int r = t / dev::kWarpSize; r < C::kRows; r += threads / dev::kWarpSize) {
     const int64_t offset = sm.q_row_offset[r];
 #pragma unroll 1
-    for (int k = lane; k < kChunksPerRow; k += 32) {
+    for (int k = lane; k < kChunksPerRow; k += dev::kWarpSize) {
       const bool copy = offset >= 0 && k * 8 < p.d_qk;
       const Elem* src = copy ? seq_q + offset + k * 8 : q;  // a zero fill reads nothing
-      const uint32_t dst = q_smem + (k / 8) * C::kSlabBytes + r * 128 + (((k % 8) ^ (r & 7)) * 16);
+      const uint32_t dst = q_smem + (k / dev::kSwizzleRowChunks) * C::kSlabBytes +
+                           dev::sw128_offset(r, k % dev::kSwizzleRowChunks);
       device::cp_async_16_or_zero(dst, src, copy);
     }
   }

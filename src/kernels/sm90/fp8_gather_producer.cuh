@@ -38,7 +38,9 @@
 #include "device/cp_async.cuh"
 #include "device/fp8_convert.cuh"
 #include "device/global_load.cuh"
+#include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/gather_producer.cuh"
 
@@ -46,7 +48,7 @@ namespace mlakit::detail::sm90 {
 
 // What an invalid slot reads: a token of zero bytes (e4m3 zeros, scales 0, bf16 zero RoPE).
 // Internal linkage: one per translation unit, zero-initialised in global memory.
-__device__ __align__(128) const uint8_t kFp8ZeroToken[kFp8TokenBytes] = {};
+__device__ __align__(device::kCacheLineBytes) const uint8_t kFp8ZeroToken[kFp8TokenBytes] = {};
 
 class Fp8GatherProducer {
   using C = Sm90DecodeConfig;
@@ -126,7 +128,7 @@ class Fp8GatherProducer {
 #pragma unroll
     for (int j = 0; j < 3; ++j) {
       const int line = 3 * half_ + j;
-      device::prefetch_l2(token + (line < 5 ? 128 * line : kFp8TokenBytes - 1));
+      device::prefetch_l2(token + (line < 5 ? device::kCacheLineBytes * line : kFp8TokenBytes - 1));
     }
   }
 
@@ -152,7 +154,7 @@ class Fp8GatherProducer {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int chunk = 4 * half_ + c;
-          device::cp_async_16(&sm_.kv[stage][C::kNopeSlabs][key_ * 128 + ((chunk ^ (key_ & 7)) * 16)],
+          device::cp_async_16(&sm_.kv[stage][C::kNopeSlabs][dev::sw128_offset(key_, chunk)],
                               bytes + kFp8RopeOffset + chunk * 16);
         }
         device::cp_async_mbarrier_arrive_noinc(&sm_.full[stage][C::kNopeSlabs]);
@@ -169,7 +171,7 @@ class Fp8GatherProducer {
     // No proxy fence here: it would also wait for the loads in flight (MEMBAR); the consumers
     // fence after their wait (acquire), before wgmma reads the tile.
     __syncwarp();
-    if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm_.full[stage][C::kGatheredTileBarrier]);
+    if (threadIdx.x % dev::kWarpSize == 0) dev::mbarrier_arrive(&sm_.full[stage][C::kGatheredTileBarrier]);
     MLAKIT_SM90_STAMP(kProducerTileIssued);  // here: the last slab converted
     scales = next_scales;
   }
@@ -178,14 +180,15 @@ class Fp8GatherProducer {
   // key's swizzled row.
   __device__ void store_dequantized(int stage, int k, const RawSlab& raw, float scale) {
     namespace dev = mlakit::device::sm90;
-    const uint32_t row = dev::smem_u32(&sm_.kv[stage][k][key_ * 128]);
-    const int swizzle = key_ & 7, c0 = 4 * half_;
-    dev::st_shared_16(row + ((c0 ^ swizzle) * 16), device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.x, raw.lo.y), scale));
-    dev::st_shared_16(row + (((c0 + 1) ^ swizzle) * 16),
+    const uint32_t row = dev::smem_u32(&sm_.kv[stage][k][key_ * dev::kSwizzleRowBytes]);
+    const int c0 = 4 * half_;
+    dev::st_shared_16(row + dev::sw128_chunk_offset(key_, c0),
+                      device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.x, raw.lo.y), scale));
+    dev::st_shared_16(row + dev::sw128_chunk_offset(key_, c0 + 1),
                       device::dequantize_e4m3x8_bf16(make_uint2(raw.lo.z, raw.lo.w), scale));
-    dev::st_shared_16(row + (((c0 + 2) ^ swizzle) * 16),
+    dev::st_shared_16(row + dev::sw128_chunk_offset(key_, c0 + 2),
                       device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.x, raw.hi.y), scale));
-    dev::st_shared_16(row + (((c0 + 3) ^ swizzle) * 16),
+    dev::st_shared_16(row + dev::sw128_chunk_offset(key_, c0 + 3),
                       device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.z, raw.hi.w), scale));
   }
 

@@ -21,7 +21,9 @@
 #include <cstdint>
 
 #include "device/cp_async.cuh"
+#include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/timeline.cuh"
 
@@ -33,19 +35,22 @@ namespace mlakit::detail::sm90 {
 // arrival per producer warp after its last store and its lane 0's valid-slot mask; the other
 // slabs' barriers are neither arrived at nor waited for.
 __host__ __device__ constexpr int gathered_full_count(int slab) {
-  return slab == Sm90DecodeConfig::kGatheredTileBarrier ? 128 + 4 : 1;
+  return slab == Sm90DecodeConfig::kGatheredTileBarrier
+             ? device::sm90::kWarpgroupThreads + device::sm90::kWarpsPerWarpgroup
+             : 1;
 }
 
 // This producer also completes each tile's low half on its own barrier (the 128 threads'
 // cp.async arrivals after slab 3), for consumers that stream S by halves (kGatheredHalves).
 __host__ __device__ constexpr int gathered_halves_full_count(int slab) {
-  return slab == Sm90DecodeConfig::kGatheredLowHalfBarrier ? 128 : gathered_full_count(slab);
+  return slab == Sm90DecodeConfig::kGatheredLowHalfBarrier ? device::sm90::kWarpgroupThreads : gathered_full_count(slab);
 }
 
 // Lane 0 of each producer warp writes the valid-slot mask of the warp's 16 keys (key 16w + j:
 // bit j) for the consumers.
 __device__ __forceinline__ void publish_valid_mask(Sm90DecodeSmem& sm, int stage, uint32_t warp_mask) {
-  if (threadIdx.x % 32 == 0) sm.key_valid[stage][threadIdx.x / 32] = static_cast<uint16_t>(warp_mask);
+  using device::sm90::kWarpSize;
+  if (threadIdx.x % kWarpSize == 0) sm.key_valid[stage][threadIdx.x / kWarpSize] = static_cast<uint16_t>(warp_mask);
 }
 
 // The warp's 16-bit key mask from a ballot in which lanes 2j and 2j + 1 hold key 16w + j (the
@@ -61,9 +66,9 @@ __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int t
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
   constexpr int kRowsPerThread = 4;  // keys 16 w + 4 j + group
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int group = lane / 8, chunk = lane % 8;
-  const uint8_t* kv = static_cast<const uint8_t*>(p.kv) + chunk * 16;  // + row offset + 128 s
+  const int lane = threadIdx.x % dev::kWarpSize, warp = threadIdx.x / dev::kWarpSize;
+  const int group = lane / dev::kSwizzleRowChunks, chunk = lane % dev::kSwizzleRowChunks;
+  const uint8_t* kv = static_cast<const uint8_t*>(p.kv) + chunk * dev::kSwizzleChunkBytes;  // + row offset + 128 s
   const int32_t* indices = p.indices + seq_offset(p, seq, p.indices_stride_b, p.indices_stride_s);
   const bool rope_stored = p.d_qk > C::kDv;  // d_qk 512: the RoPE slab is zero-filled
   const int tiles = segment_tiles(p, 0, tile, L, 0, L);
@@ -95,8 +100,8 @@ __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int t
     MLAKIT_SM90_STAMP(kProducerStageLowFree);
     publish_valid_mask(sm, stage, warp_mask);  // read before the low half's release, too
     // Key 16 w + 4 j + group is row (16 w + group) + 4 j of each slab; its chunk sits at
-    // chunk ^ (row & 7), row & 7 = 4 (j & 1) + group.
-    uint8_t* dst = &sm.kv[stage][0][(16 * warp + group) * 128];
+    // chunk ^ (row & 7), row & 7 = 4 (j & 1) + group: the swizzle of row 4 j + group.
+    uint8_t* dst = &sm.kv[stage][0][(16 * warp + group) * dev::kSwizzleRowBytes];
 #pragma unroll
     for (int s = 0; s < C::kSlabs; ++s) {
       if (s == C::kFirstHighSlab) {  // slabs 4..8 once the stage's other half is free too
@@ -107,8 +112,9 @@ __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int t
       }
 #pragma unroll
       for (int j = 0; j < kRowsPerThread; ++j) {
-        const int swizzled = (chunk ^ (4 * (j & 1) + group)) * 16;
-        device::cp_async_16_or_zero(dst + s * C::kSlabBytes + j * 4 * 128 + swizzled, src[j] + s * 128,
+        const int swizzled = dev::sw128_chunk_offset(4 * j + group, chunk);
+        device::cp_async_16_or_zero(dst + s * C::kSlabBytes + j * 4 * dev::kSwizzleRowBytes + swizzled,
+                                    src[j] + s * dev::kSwizzleRowBytes,
                                     valid[j] && (s < C::kNopeSlabs || rope_stored));
       }
     }
@@ -116,7 +122,7 @@ __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int t
     MLAKIT_SM90_STAMP(kProducerTileIssued);
     // The warp's mask is written before its lane 0's arrival (release) that the consumer's
     // wait acquires; no producer-wide barrier, so each warp runs on by itself.
-    if (threadIdx.x % 32 == 0) dev::mbarrier_arrive(&sm.full[stage][C::kGatheredTileBarrier]);
+    if (threadIdx.x % dev::kWarpSize == 0) dev::mbarrier_arrive(&sm.full[stage][C::kGatheredTileBarrier]);
     phases ^= 1u << stage;
   }
 }

@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/decode_consumer.cuh"
 #include "kernels/sm90/decode_producer.cuh"
@@ -51,14 +52,14 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   if (threadIdx.x == 0) MLAKIT_SM90_CTA_SPAN(false);
   const int producers = producer_warps(box_rows);  // each arrives once per slab group
   Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [producers](int) { return producers; });
-  if (threadIdx.x < 128) {
+  if (threadIdx.x < dev::kWarpgroupThreads) {  // warpgroup 0: the producer
     dev::setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x / 32 < producers) produce(p, kv_map, box_rows, sm);
+    if (threadIdx.x / dev::kWarpSize < producers) produce(p, kv_map, box_rows, sm);
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
     Sm90Consumer<DenseDecodeConsumer<Elem>> consumer(p, sm, blockIdx.x, blockIdx.y, q_by_tma ? &q_map : nullptr);
     consumer.run_part(p.part_ranges[blockIdx.z]);
-    if (threadIdx.x == 128) MLAKIT_SM90_CTA_SPAN(true);
+    if (threadIdx.x == dev::kWarpgroupThreads) MLAKIT_SM90_CTA_SPAN(true);  // consumer 0's first thread
   }
 #endif
 }

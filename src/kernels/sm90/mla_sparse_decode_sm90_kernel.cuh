@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/decode_consumer.cuh"
 #include "kernels/sm90/fp8_gather_producer.cuh"
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   if (threadIdx.x == 0) MLAKIT_SM90_CTA_SPAN(false);
   Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_full_count(slab); });
   const PartRange& range = p.part_ranges[blockIdx.z];
-  if (threadIdx.x < 128) {
+  if (threadIdx.x < dev::kWarpgroupThreads) {  // warpgroup 0: the producer
     dev::setmaxnreg_dec<C::kFp8ProducerRegs>();
     Fp8GatherProducer producer(p, sm, blockIdx.x);
     for_each_segment(p, range, [&](int seq, int L, int key_begin, int key_end, int) {
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     dev::setmaxnreg_inc<C::kFp8ConsumerRegs>();
     Sm90Consumer<SparseDecodeConsumer> consumer(p, sm, blockIdx.x, 0, q_by_tma ? &q_map : nullptr);
     consumer.run_part(range);
-    if (threadIdx.x == 128) MLAKIT_SM90_CTA_SPAN(true);
+    if (threadIdx.x == dev::kWarpgroupThreads) MLAKIT_SM90_CTA_SPAN(true);  // consumer 0's first thread
   }
 #endif
 }

@@ -10,7 +10,9 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "device/special_registers.cuh"
 #include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
 #include "kernels/sm90/decode_config.cuh"
 #include "kernels/sm90/decode_consumer.cuh"
 #include "kernels/sm90/gather_producer.cuh"
@@ -40,17 +42,15 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   const int row_tiles = (p.rows + C::kRows - 1) / C::kRows;
   const int seq = static_cast<int>(blockIdx.x / row_tiles), tile = static_cast<int>(blockIdx.x % row_tiles);
   const int L = p.lengths(seq);
-  if (threadIdx.x < 128) {
+  if (threadIdx.x < dev::kWarpgroupThreads) {  // warpgroup 0: the producer
     dev::setmaxnreg_dec<C::kProducerRegs>();
     produce_gathered<Elem>(p, tile, seq, L, sm);
     // CTAs run in waves of one per SM: the CTA that starts when one of this wave's ends takes
     // about item blockIdx.x + SM count.
-    uint32_t sms;
-    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-    const int64_t next = static_cast<int64_t>(blockIdx.x) + sms;
+    const int64_t next = static_cast<int64_t>(blockIdx.x) + device::nsmid();
     if (next < static_cast<int64_t>(gridDim.x)) {
       prefetch_q_rows_l2(p, static_cast<int>(next / row_tiles), 0, static_cast<int>(next % row_tiles) * C::kRows,
-                         C::kRows, threadIdx.x, 128);
+                         C::kRows, threadIdx.x, dev::kWarpgroupThreads);
     }
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();

@@ -14,6 +14,9 @@
 
 #include <cstdint>
 
+#include "device/sm90/warpgroup.cuh"
+#include "device/special_registers.cuh"
+
 namespace mlakit::detail::sm90 {
 
 enum class TimelineEvent : uint32_t {
@@ -60,9 +63,7 @@ __device__ __forceinline__ int64_t timeline_linear_cta() {
 // Global timer of this CTA's start (end = false) or end, by one thread.
 __device__ __forceinline__ void timeline_cta_span(bool end) {
   if (g_timeline.cta_spans == nullptr) return;
-  uint64_t ns;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  g_timeline.cta_spans[2 * timeline_linear_cta() + (end ? 1 : 0)] = ns;
+  g_timeline.cta_spans[2 * timeline_linear_cta() + (end ? 1 : 0)] = device::globaltimer();
 }
 
 // The clock is read before anything that depends on a load: g_timeline's fields can miss L1
@@ -70,12 +71,14 @@ __device__ __forceinline__ void timeline_cta_span(bool end) {
 // ~1,000 cycles late when the clock was read after the `cta` test.
 __device__ __forceinline__ void timeline_stamp(TimelineEvent e) {
   const uint32_t clock = static_cast<uint32_t>(clock64());
-  const int warp = threadIdx.x / 32;
-  const bool recorder = threadIdx.x % 128 == 0 || (warp < 4 && threadIdx.x % 32 == 0);
+  using device::sm90::kWarpgroupThreads, device::sm90::kWarpSize, device::sm90::kWarpsPerWarpgroup;
+  const int warp = threadIdx.x / kWarpSize;
+  const bool recorder =
+      threadIdx.x % kWarpgroupThreads == 0 || (warp < kWarpsPerWarpgroup && threadIdx.x % kWarpSize == 0);
   if (!recorder) return;
   const int64_t cta = timeline_linear_cta() - g_timeline.first_cta;
   if (cta < 0 || cta >= g_timeline.ctas) return;
-  const int role = threadIdx.x % 128 == 0 ? threadIdx.x / 128 : 2 + warp;
+  const int role = threadIdx.x % kWarpgroupThreads == 0 ? threadIdx.x / kWarpgroupThreads : 2 + warp;
   const uint32_t n = timeline_count[role];
   if (n < static_cast<uint32_t>(g_timeline.capacity)) {
     g_timeline.records[(static_cast<int64_t>(cta) * kTimelineRoles + role) * g_timeline.capacity + n] =
