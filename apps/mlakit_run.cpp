@@ -99,7 +99,7 @@ int run_gpu(const RunOptions& o) {
   const auto gpu_out = out.download<uint16_t>();
   const auto gpu_lse = lse.download<float>();
 
-  // PERF.md timing: L2 flushed before every round, median of 20 after 3 warm-ups.
+  // docs/benchmarking.md timing: L2 flushed before every round, median of 20 after 3 warm-ups.
   support::L2Flusher flusher;
   const auto flush = [&] { flusher.flush(nullptr); };
   const double decode_us = support::median(

@@ -36,7 +36,7 @@ Status parse_run_options(int argc, const char* const* argv, RunOptions* options)
 // "b=4 s_q=2 h_q=16 h_kv=1 s_k~300 page=64 causal bf16" ("s_k=" with --fixed).
 std::string describe_problem(const RunOptions& o);
 
-// PERF.md FLOPs of the problem (lengths at their mean) and the host bytes of its tensors as
+// FLOPs (docs/benchmarking.md) of the problem (lengths at their mean) and the host bytes of its tensors as
 // mlakit-run builds them (q, paged cache, outputs and the reference's float32 copy).
 double problem_flops(const RunOptions& o);
 double problem_host_bytes(const RunOptions& o);

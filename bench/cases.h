@@ -1,4 +1,4 @@
-// The dense MLA decode cases of PERF.md's table, and the FlashMLA H100 times it gives.
+// The dense MLA decode cases of docs/benchmarking.md, and FlashMLA's fixed H100 times.
 #pragma once
 
 #include <cstdint>
@@ -18,11 +18,11 @@ struct BenchCase {
   int page = 64;
   bool causal = false;
   bool varlen = false;
-  // FlashMLA on an H100 (PERF.md), where its table has this case. A fixed figure, not
+  // FlashMLA on an H100 (docs/benchmarking.md), where the table has this case. A fixed figure, not
   // measured in the run: the ratio means something only when the run is on an H100.
   std::optional<double> flashmla_h100_us;
 
-  // PERF.md's memory-bound class (h_q <= 32, s_q = 1): judged against copy bandwidth.
+  // The memory-bound class (docs/benchmarking.md) (h_q <= 32, s_q = 1): judged against copy bandwidth.
   bool memory_bound() const { return h_q <= 32 && s_q == 1; }
 };
 

@@ -1,4 +1,4 @@
-// mlakit-bench: times the MLA decode (dense, sparse FP8) and the sparse prefill on the PERF.md
+// mlakit-bench: times the MLA decode (dense, sparse FP8) and the sparse prefill on the docs/benchmarking.md
 // cases and the device-to-device
 // copy ceiling in the same run; prints a table and appends JSON lines to <out>/<gpu>.jsonl.
 #include <cuda_runtime_api.h>
@@ -24,7 +24,7 @@ namespace mlakit::bench {
 namespace {
 
 constexpr int kDefaultRuns = 20;
-constexpr int kMinRuns = 20;  // PERF.md: median of >= 20 runs
+constexpr int kMinRuns = 20;  // docs/benchmarking.md: median of >= 20 runs
 constexpr int kWarmupRounds = 5;
 constexpr int kDefaultCooldownMs = 2000;
 

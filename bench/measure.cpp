@@ -139,7 +139,7 @@ DecodeResult run_decode_case(const BenchCase& bc, const RunSettings& s) {
   DeviceBuffer workspace(workspace_bytes);
 
   // The plan is made once per step and shared by every layer, so it is timed on its own
-  // and excluded from the decode time (PERF.md).
+  // and excluded from the decode time (docs/benchmarking.md, protocol).
   MlaDecodePlan plan;
   const FlushedTiming plan_timing = time_flushed(s, [&] {
     BENCH_STATUS(mla_decode_plan(problem, args.cache_seqlens, workspace.get(), workspace_bytes,

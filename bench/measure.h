@@ -28,7 +28,7 @@ struct RunSettings {
   SmClockProbe* clock = nullptr;      // probed after each round's flush
 };
 
-// PERF.md's timing of `op`: warm-up rounds, then timed rounds, each preceded (outside its
+// The timing of `op` (docs/benchmarking.md, protocol): warm-up rounds, then timed rounds, each preceded (outside its
 // events) by the L2 flush and a clock probe.
 struct FlushedTiming {
   double median_us = 0;  // of the timed rounds
@@ -58,8 +58,8 @@ struct DecodeResult {
   // The same without the L2 flush: the partials stay in L2 as they are when the combine runs
   // right after the attention inside a step, so this is its in-step cost.
   double combine_hot_us = 0;
-  double flops = 0;     // PERF.md counting (support::decode_flops)
-  double bytes = 0;     // PERF.md counting (support::decode_bytes)
+  double flops = 0;     // docs/benchmarking.md counting (support::decode_flops)
+  double bytes = 0;     // docs/benchmarking.md counting (support::decode_bytes)
   double tflops = 0;
   double gbps = 0;
   double sm_mhz = 0;   // median SM clock probed between the decode's rounds

@@ -95,7 +95,7 @@ SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& s) {
   r.plan_us = plan_timing.median_us;
   r.kernel = kernel_name(plan.kernel);
   r.sm_mhz = decode.sm_mhz;
-  // PERF.md: FLOPs over the attended keys (topk); bytes of q, the chosen FP8 tokens, out.
+  // docs/benchmarking.md, counting: FLOPs over the attended keys (topk); bytes of q, the chosen FP8 tokens, out.
   r.flops = static_cast<double>(c.b) * c.s_q * c.h_q * (2.0 * 576 + 2.0 * 512) * c.topk;
   r.bytes = static_cast<double>(c.b) * c.s_q * (c.h_q * 576 * 2.0 + c.topk * 656.0 + c.h_q * 512 * 2.0);
   r.tflops = r.flops / (r.time_us * 1e-6) / 1e12;

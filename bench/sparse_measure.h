@@ -1,4 +1,4 @@
-// The sparse FP8 MLA decode cases of PERF.md / issue 4 and their measurement.
+// The sparse FP8 MLA decode cases of docs/benchmarking.md / issue 4 and their measurement.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +40,7 @@ struct DeviceSparseCase {
 };
 DeviceSparseCase make_device_sparse_case(const SparseBenchCase& c, MlaDecodeKernel kernel, cudaStream_t stream);
 
-// Times the plan and the decode of a case (PERF.md protocol) and checks every lse is finite.
+// Times the plan and the decode of a case (docs/benchmarking.md protocol) and checks every lse is finite.
 SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& settings);
 
 }  // namespace mlakit::bench

@@ -31,7 +31,7 @@ PrefillBenchCase make(int h_q, int64_t s_kv, bool near_end, std::optional<double
 }  // namespace
 
 std::vector<PrefillBenchCase> prefill_bench_cases(bool quick, const std::string& filter) {
-  // FlashMLA's H100 times (PERF.md): s_kv 8192 uniform, 131072 uniform and near the end.
+  // FlashMLA's H100 times (docs/benchmarking.md, protocol): s_kv 8192 uniform, 131072 uniform and near the end.
   std::vector<PrefillBenchCase> all = {make(128, 8192, false, 3764)};
   if (!quick) {
     all.push_back(make(128, 131072, false, 4560));
@@ -76,7 +76,7 @@ PrefillResult run_prefill_case(const PrefillBenchCase& c, const RunSettings& s) 
   r.time_us = timing.median_us;
   r.kernel = kernel_name(s.kernel);
   r.sm_mhz = timing.sm_mhz;
-  // PERF.md: 2 * s_q * h_q * topk * (d_qk + d_v). Bytes: q, the gathered kv rows (each token
+  // docs/benchmarking.md, counting: 2 * s_q * h_q * topk * (d_qk + d_v). Bytes: q, the gathered kv rows (each token
   // reads its own topk rows once), out, max_logits and lse.
   r.flops = 2.0 * c.s_q * c.h_q * c.topk * (c.d_qk + kDv);
   r.bytes = static_cast<double>(c.s_q) * (c.h_q * c.d_qk * 2.0 + c.topk * c.d_qk * 2.0 + c.h_q * kDv * 2.0 + c.h_q * 8.0);

@@ -1,4 +1,4 @@
-// The sparse MLA prefill cases of PERF.md (issue 5) and their measurement.
+// The sparse MLA prefill cases of docs/benchmarking.md (issue 5) and their measurement.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@ struct PrefillBenchCase {
   int d_qk = 576;
   int topk = 2048;
   int64_t s_kv = 8192;
-  // 0: indices uniform over s_kv; > 0: 90% of them in the last `window` rows (PERF.md's
+  // 0: indices uniform over s_kv; > 0: 90% of them in the last `window` rows (the brief's
   // "indices near the end": the recent context a causal prefill mostly selects).
   int64_t window = 0;
   std::optional<double> flashmla_h100_us;
@@ -33,7 +33,7 @@ struct PrefillResult {
 };
 
 // Random q and kv generated on the device, random valid indices; times mla_sparse_prefill
-// (PERF.md protocol: warm-up, L2 flushed before each run, median) and checks that every lse
+// (docs/benchmarking.md protocol: warm-up, L2 flushed before each run, median) and checks that every lse
 // is finite.
 PrefillResult run_prefill_case(const PrefillBenchCase& c, const RunSettings& settings);
 

@@ -1,4 +1,4 @@
-// CPU reference of the token-sparse MLA prefill (SPEC section 3): float64 logits
+// CPU reference of the token-sparse MLA prefill (docs/contract.md): float64 logits
 // P = q.k * sm_scale * log2(e) over the valid listed rows, base-2 statistics (or natural).
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// The accuracy rules of SPEC section 8, as checks that return a verdict and a message naming
+// The accuracy rules of docs/contract.md, as checks that return a verdict and a message naming
 // the first offending element.
 #pragma once
 

@@ -2,7 +2,7 @@
 // benchmark: random q and paged cache, shuffled block tables, NaN in every cache slot no
 // sequence owns, garbage in block-table entries past a sequence's length.
 //
-// Values follow FlashMLA's tests, the scale SPEC 8's absolute tolerance is meant for:
+// Values follow FlashMLA's tests, the scale the accuracy rule's absolute tolerance (docs/contract.md) is meant for:
 // q ~ N(0, 1) and cache ~ N(0, 1) / 10, both clamped to [-1, 1]. (With cache values ~ N(0, 1)
 // the bf16 rounding of P alone moves outputs of short sequences by ~1e-3.)
 #pragma once
@@ -53,7 +53,7 @@ HostDecodeCase make_decode_case(const DecodeCaseSpec& spec);
 std::vector<int32_t> fixed_lengths(int64_t b, int32_t len);
 std::vector<int32_t> varlen_lengths(int64_t b, int32_t mean, int32_t min_len, uint64_t seed);
 
-// Runs the CPU reference of `c` into fresh buffers; `out` unrounded (float32), as SPEC 8
+// Runs the CPU reference of `c` into fresh buffers; `out` unrounded (float32), as docs/contract.md
 // compares against the float64 computation, not its bf16/fp16 rounding.
 struct ReferenceResult {
   std::vector<float> out;
@@ -61,7 +61,7 @@ struct ReferenceResult {
 };
 ReferenceResult run_reference(const HostDecodeCase& c, int num_threads = 0);
 
-// FLOPs and bytes of the PERF.md counting rules for a dense decode.
+// FLOPs and bytes of the docs/benchmarking.md counting rules for a dense decode.
 double decode_flops(const HostDecodeCase& c);
 double decode_bytes(const HostDecodeCase& c);
 

@@ -1,4 +1,4 @@
-// Event timing on a CUDA stream (benchmark and main job), the way PERF.md asks: warm-up first, a preparation step
+// Event timing on a CUDA stream (benchmark and main job), as docs/benchmarking.md asks: warm-up first, a preparation step
 // (the L2 flush) before every round outside the timed region, the median of the rounds.
 #pragma once
 
@@ -16,7 +16,7 @@ namespace mlakit::support {
 // 60 MB on H200) before a timed round.
 class L2Flusher {
  public:
-  static constexpr std::size_t kBytes = std::size_t{256} << 20;  // PERF.md: >= 256 MB
+  static constexpr std::size_t kBytes = std::size_t{256} << 20;  // docs/benchmarking.md: >= 256 MB
 
   L2Flusher() : buffer_(kBytes) {}
   void flush(cudaStream_t stream);

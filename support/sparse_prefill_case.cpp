@@ -17,7 +17,7 @@ constexpr int kPadIndices = 16;   // extra entries per token of padded indices
 constexpr int kNanRowsPastKv = 2; // stored kv rows past s_kv, hit by indices s_kv and s_kv + 1
 constexpr double kWindowShare = 0.9;
 
-// The invalid values an index list may hold (SPEC 3: < 0 or >= s_kv), in rotation.
+// The invalid values an index list may hold (docs/contract.md: < 0 or >= s_kv), in rotation.
 int32_t invalid_index(int64_t s_kv, int64_t k) {
   switch (k % 6) {
     case 0: return -1;

@@ -1,4 +1,4 @@
-"""The cases of the side-by-side benchmark: PERF.md's list, grouped in families.
+"""The cases of the side-by-side benchmark: docs/benchmarking.md's list, grouped in families.
 
 A family is one operation and the sides it is timed on. The first side named is the
 baseline of the ratio, `subject` the side the ratio is about: ratio = t_baseline / t_subject
@@ -36,7 +36,7 @@ FAMILIES: Dict[str, Family] = {
         Family("dense_decode", "dense MLA decode", ("flashmla", "mlakit"), "mlakit", True),
         Family("sparse_decode", "sparse FP8 MLA decode", ("flashmla", "mlakit"), "mlakit", True),
         Family("sparse_prefill", "sparse MLA prefill", ("flashmla", "mlakit"), "mlakit", True),
-        # Not an mlakit operation: cuDNN against PyTorch's flash backend on PERF.md's cuDNN
+        # Not an mlakit operation: cuDNN against PyTorch's flash backend on the brief's cuDNN
         # shapes. It keeps the SDPA sides exercised (and gives cuDNN's figures of the same run)
         # until the MHA prefill / GQA decode families name them.
         Family("sdpa_mha", "SDPA MHA forward (cuDNN vs flash)", ("sdpa_cudnn", "sdpa_flash"), "sdpa_flash", False),
@@ -79,7 +79,7 @@ def _sdpa_mha(causal: bool) -> Case:
 
 
 def all_cases() -> List[Case]:
-    """PERF.md's cases of every operation that exists, in table order."""
+    """The listed cases (docs/benchmarking.md) of every operation that exists, in table order."""
     cases: List[Case] = []
     for s_k in (4096, 8192, 16384, 32768):
         cases.append(_dense(128, 128, 1, s_k, quick=s_k == 4096))

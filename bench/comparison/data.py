@@ -10,7 +10,7 @@ case and handed to every side unchanged.
 - Sparse prefill: topk distinct rows per query token, uniform over s_kv or 90% of them in the
   last `window` rows, in random order.
 q ~ N(0, 1); the decode caches ~ N(0, 1) / 10 clamped to [-1, 1] (FlashMLA's decode tests, and
-the scale SPEC 8's absolute tolerance is meant for: with N(0, 1) cache values the bf16
+the scale the contract's absolute tolerance (docs/contract.md) is meant for: with N(0, 1) cache values the bf16
 rounding of P alone moves outputs of the shortest sequences by ~1e-2 in both libraries);
 the prefill's kv N(0, 1). Lengths, block tables and index choices come from a CPU
 generator (the same draw on any device); the large tensors from one on the device.
@@ -98,7 +98,7 @@ def dense_decode(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
 
 def quantize_fp8(kv: torch.Tensor) -> torch.Tensor:
     """bf16 [..., 576] -> the 656-byte FP8 cache token (FlashMLA's documented layout): 512
-    e4m3 NoPE values in 4 tiles of 128, the 4 float32 tile scales (amax / 448; SPEC section 7),
+    e4m3 NoPE values in 4 tiles of 128, the 4 float32 tile scales (amax / 448; docs/contract.md),
     64 bf16 RoPE values."""
     nope = kv[..., :D_V].float().unflatten(-1, (4, 128))
     scale = nope.abs().amax(-1) / E4M3_MAX
@@ -113,7 +113,7 @@ def quantize_fp8(kv: torch.Tensor) -> torch.Tensor:
 
 def dequantize_fp8(tokens: torch.Tensor) -> torch.Tensor:
     """656-byte tokens [..., 656] uint8 -> [..., 576] as float64 holding the bf16 values the
-    kernels compute with: float(e4m3) * scale in float32, rounded to bf16 (SPEC 7's
+    kernels compute with: float(e4m3) * scale in float32, rounded to bf16 (docs/contract.md's
     dequantization, as mlakit's dequantize tool and both libraries' kernels do)."""
     values = tokens[..., :D_V].contiguous().view(torch.float8_e4m3fn).float().unflatten(-1, (4, 128))
     scale = tokens[..., D_V : D_V + 16].contiguous().view(torch.float32)

@@ -1,5 +1,5 @@
 """Float64 references on a sample of each case (the full problem would cost more than the
-timing) and SPEC section 8's checks of a side's outputs against them.
+timing) and the accuracy checks (docs/contract.md) of a side's outputs against them.
 
 The sample: a few batch entries (dense and sparse decode: the longest, the shortest and
 random ones) or query tokens (sparse prefill: the first, the last and random ones), or query
@@ -15,8 +15,8 @@ import torch
 
 from .data import D_QK, D_V, Inputs, dequantize_fp8
 
-OUT_ABS, OUT_REL, OUT_COS = 1e-3, 2 / 128, 5e-6  # SPEC 8: bf16/fp16 outputs
-STAT_ABS, STAT_REL = 1e-6, 8 / 65536  # SPEC 8: lse and max_logits
+OUT_ABS, OUT_REL, OUT_COS = 1e-3, 2 / 128, 5e-6  # docs/contract.md, Accuracy: bf16/fp16 outputs
+STAT_ABS, STAT_REL = 1e-6, 8 / 65536  # docs/contract.md, Accuracy: lse and max_logits
 SAMPLE = 8  # batch entries (decode) sampled
 SAMPLE_TOKENS = 32  # query tokens (sparse prefill) / query rows per head (SDPA) sampled
 
@@ -153,7 +153,7 @@ def check_stat(got: torch.Tensor, ref: torch.Tensor) -> Dict[str, Any]:
 
 
 def check(family: str, outputs: Dict[str, torch.Tensor], ref: Dict[str, Any]) -> Dict[str, Any]:
-    """SPEC 8 on the sample, NaN anywhere in the whole outputs; {'ok': bool, per output...}."""
+    """Accuracy rules (docs/contract.md) on the sample, NaN anywhere in the whole outputs; {'ok': bool, per output...}."""
     result: Dict[str, Any] = {"ok": True, "sample": {ref["index"][0]: len(ref["index"][1])}}
     for name, got in outputs.items():
         if name not in ref:

@@ -67,7 +67,7 @@ def _check_sides(case: Case, handles: Dict[str, Any], x: data.Inputs, measure: A
         except Exception as e:  # reported in the line and the table; the other sides go on
             side["check"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
             continue
-        # The baseline is timed even when it misses SPEC 8 (its accuracy is reported, the
+        # The baseline is timed even when it misses the accuracy rules (its accuracy is reported, the
         # comparison still stands); mlakit only when it passes, or with --time-failed.
         if side["check"]["ok"] or name == family.baseline or getattr(opts, "time_failed", False):
             runners[name] = runner

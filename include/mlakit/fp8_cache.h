@@ -1,4 +1,4 @@
-// Tools for the FP8-with-scale MLA KV cache (SPEC section 7): 656 bytes per token.
+// Tools for the FP8-with-scale MLA KV cache (docs/contract.md): 656 bytes per token.
 //
 //   bytes   0..511  512 float8 e4m3: the NoPE part, quantized in 4 tiles of 128 values
 //   bytes 512..527  4 float32 scales, tile j covers values 128j .. 128j+127

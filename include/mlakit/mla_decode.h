@@ -1,4 +1,4 @@
-// Dense MLA decode over a paged KV cache (SPEC section 1).
+// Dense MLA decode over a paged KV cache (docs/contract.md, Dense decode).
 //
 // Usage per decoding step (see README):
 //   1. mla_decode_workspace_size(problem, &bytes)  once, allocate `bytes` of device memory;

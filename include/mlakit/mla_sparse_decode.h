@@ -1,4 +1,4 @@
-// Token-sparse MLA decode over the FP8-with-scale cache (SPEC section 2), DeepSeek-V3.2's
+// Token-sparse MLA decode over the FP8-with-scale cache (docs/contract.md), DeepSeek-V3.2's
 // sparse attention: each query row attends only to the cache tokens its indexer selected.
 //
 // Per decoding step, like the dense decode: mla_sparse_decode_workspace_size once,
@@ -51,7 +51,7 @@ Status mla_sparse_decode_plan(const MlaSparseDecodeProblem& problem, const Tenso
 Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, const MlaDecodePlan& plan, cudaStream_t stream);
 
 namespace reference {
-// float64 attention over the dequantized cache (SPEC section 2). Rows with no valid index:
+// float64 attention over the dequantized cache (docs/contract.md). Rows with no valid index:
 // out 0, lse +inf. Duplicated indices count twice.
 Status mla_sparse_decode_fp8(const MlaSparseDecodeArgs& args, int num_threads = 0);
 }  // namespace reference

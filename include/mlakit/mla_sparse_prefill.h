@@ -1,4 +1,4 @@
-// Token-sparse MLA prefill (SPEC section 3): every query token attends to its own `topk`
+// Token-sparse MLA prefill (docs/contract.md): every query token attends to its own `topk`
 // selected rows of a bf16 KV tensor. No batch dimension: callers pack sequences along s_q /
 // s_kv. Statistics are base 2 by default (FlashMLA's convention); `lse_base` makes the choice
 // explicit.
@@ -6,7 +6,7 @@
 // mla_sparse_prefill runs on any GPU of compute capability 8.0 or newer (the portable kernel;
 // the Hopper kernel follows, issue 5). It takes no workspace and no plan: one CTA per (query
 // token, 32 heads) covers all of the token's topk keys. Asynchronous on `stream`, allocates
-// nothing, graph-capturable. Layout needs beyond SPEC 0: q and kv rows 16-byte aligned (row
+// nothing, graph-capturable. Layout needs beyond docs/contract.md: q and kv rows 16-byte aligned (row
 // strides multiples of 8 elements), out rows 4-byte aligned (even strides).
 #pragma once
 

@@ -1,6 +1,6 @@
 // TensorRef: a non-owning view of a strided tensor (pointer, dtype, shape, strides).
 //
-// Strides and sizes are 64-bit and counted in elements (SPEC section 0); the last dimension
+// Strides and sizes are 64-bit and counted in elements (docs/contract.md); the last dimension
 // must be contiguous for every operation, other strides are free so that views of larger
 // tensors work. The library never owns or frees the memory.
 #pragma once

@@ -1,4 +1,4 @@
-"""Dense MLA decode over a paged cache (SPEC section 1): plan once per step, decode per layer."""
+"""Dense MLA decode over a paged cache (docs/contract.md): plan once per step, decode per layer."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def mla_decode(
     causal: bool = False,
     plan: Optional[WorkspacePlan] = None,
 ) -> Tuple[Any, Any]:
-    """Dense MLA decode of one layer over a paged cache (SPEC section 1).
+    """Dense MLA decode of one layer over a paged cache (docs/contract.md).
 
     q: [b, s_q, h_q, 576]; kv_cache: [num_blocks, page_size, h_kv, 576] (same dtype, bfloat16
     or float16); block_table: [b, max_blocks] int32; cache_seqlens: [b] int32.

@@ -1,4 +1,4 @@
-"""The FP8-with-scale MLA cache (SPEC section 7), 656 bytes per token: 512 float8 e4m3 NoPE
+"""The FP8-with-scale MLA cache (docs/contract.md), 656 bytes per token: 512 float8 e4m3 NoPE
 values in 4 tiles of 128, 4 float32 tile scales, 64 bfloat16 RoPE values. Device arrays run
 on the current stream; host arrays run the CPU version (bit-identical)."""
 

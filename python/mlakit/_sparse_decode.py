@@ -1,4 +1,4 @@
-"""Token-sparse MLA decode over the FP8-with-scale cache (SPEC section 2, DeepSeek-V3.2):
+"""Token-sparse MLA decode over the FP8-with-scale cache (docs/contract.md, DeepSeek-V3.2):
 plan once per step from topk (or topk_length), decode per layer."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def mla_sparse_decode(
     softmax_scale: Optional[float] = None,
     plan: Optional[WorkspacePlan] = None,
 ) -> Tuple[Any, Any]:
-    """Sparse MLA decode of one layer over the FP8 cache (SPEC section 2).
+    """Sparse MLA decode of one layer over the FP8 cache (docs/contract.md).
 
     q: [b, s_q, h_q, 576] bfloat16; kv_cache: [num_blocks, page_size, 1, 656] FP8-with-scale
     bytes (uint8, or a float8 view; see :func:`quantize_fp8_cache`); indices: [b, s_q, topk]

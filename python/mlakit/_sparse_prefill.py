@@ -1,4 +1,4 @@
-"""Token-sparse MLA prefill (SPEC section 3): each query token attends to its own topk rows."""
+"""Token-sparse MLA prefill (docs/contract.md): each query token attends to its own topk rows."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ def mla_sparse_prefill(
     topk_length: Optional[Any] = None,
     lse_base: str = "2",
 ) -> Tuple[Any, Any, Any]:
-    """Sparse MLA prefill (SPEC section 3).
+    """Sparse MLA prefill (docs/contract.md).
 
     q: [s_q, h_q, d_qk] bfloat16 (d_qk 576 or 512); kv: [s_kv, 1, d_qk] bfloat16; indices:
     [s_q, 1, topk] int32 (< 0 or >= s_kv: skipped); ``sm_scale`` defaults to 1/sqrt(d_qk)
     (None; NaN and infinities are errors); attn_sink: optional [h_q] float32; topk_length:
-    optional [s_q] int32. ``lse_base``: '2' (SPEC 3: P = q.k * sm_scale * log2(e),
+    optional [s_q] int32. ``lse_base``: '2' (docs/contract.md: P = q.k * sm_scale * log2(e),
     lse = log2 sum 2^P) or 'e' (natural-log statistics, what FlashMLA's Hopper releases return).
 
     Returns ``(out [s_q, h_q, d_v] bfloat16, max_logits [s_q, h_q] float32, lse [s_q, h_q]

@@ -10,7 +10,7 @@ flash_mla``, same names, arguments, defaults, shapes and return values.
   ``is_fp8_kvcache=True`` and ``indices`` the token-sparse decode over the 656-byte FP8 cache.
 - ``flash_mla_sparse_fwd``: sparse prefill. Like the FlashMLA that engines run on Hopper, it
   returns natural-log ``max_logits`` and ``lse``; ``lse_base="2"`` (keyword only, mlakit's
-  one switch) returns base-2 ones, as FlashMLA's 2025 releases did (SPEC section 9).
+  one switch) returns base-2 ones, as FlashMLA's 2025 releases did (docs/contract.md).
 
 Host arrays (NumPy, CPU tensors) run the float64 CPU reference and need no metadata. What is
 not honoured raises NotImplementedError: the dense FP8 cache, extra_k_cache /

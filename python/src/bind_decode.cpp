@@ -1,4 +1,4 @@
-// Dense MLA decode (SPEC section 1): workspace query, plan, decode, CPU reference.
+// Dense MLA decode (docs/contract.md): workspace query, plan, decode, CPU reference.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 

@@ -1,4 +1,4 @@
-// FP8-with-scale MLA cache tools (SPEC section 7): quantize, dequantize and paged append, on
+// FP8-with-scale MLA cache tools (docs/contract.md): quantize, dequantize and paged append, on
 // the device (asynchronous on a stream) and on host arrays (CPU version, bit-identical).
 #include "arrays.h"
 #include "bindings.h"

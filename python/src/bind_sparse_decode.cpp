@@ -1,4 +1,4 @@
-// Token-sparse MLA decode over the FP8 cache (SPEC section 2): workspace query, plan,
+// Token-sparse MLA decode over the FP8 cache (docs/contract.md): workspace query, plan,
 // decode, CPU reference.
 #include <nanobind/stl/optional.h>
 

@@ -1,4 +1,4 @@
-// Token-sparse MLA prefill (SPEC section 3): the GPU kernel (no workspace, no plan) and the
+// Token-sparse MLA prefill (docs/contract.md): the GPU kernel (no workspace, no plan) and the
 // CPU reference.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>

@@ -82,7 +82,7 @@ __device__ __forceinline__ float sink_factor(const MlaDecodeParams& p, int head,
   return 1.f / (1.f + expf(p.attn_sink[head] - lse_natural));
 }
 
-// Keys visible to query token t of a sequence of length L (SPEC 1: with causal, token t sees
+// Keys visible to query token t of a sequence of length L (docs/contract.md, Dense decode: with causal, token t sees
 // positions [0, L - s_q + t]).
 __device__ __forceinline__ int visible_keys(const MlaDecodeParams& p, int L, int t) {
   if (!p.causal) return L;

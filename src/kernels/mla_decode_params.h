@@ -11,7 +11,7 @@ namespace mlakit::detail {
 
 // How the sparse mode's listed keys are stored (read only when `indices` is set).
 enum class SparseKeyFormat : int32_t {
-  kFp8WithScale = 0,  // sparse decode: 656-byte FP8 tokens (SPEC 7), dequantized into the K tile
+  kFp8WithScale = 0,  // sparse decode: 656-byte FP8 tokens (docs/contract.md), dequantized into the K tile
   kElemRows = 1,      // sparse prefill: rows in q's dtype, copied as they are
 };
 

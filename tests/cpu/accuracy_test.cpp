@@ -1,4 +1,4 @@
-// The SPEC section 8 checks of support/accuracy.h: they accept the rounded reference and
+// The accuracy checks (docs/contract.md) of support/accuracy.h: they accept the rounded reference and
 // in-tolerance data, and flag one bad element, a cosine drift, and any inf/NaN mismatch.
 #include "support/accuracy.h"
 

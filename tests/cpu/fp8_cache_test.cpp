@@ -1,4 +1,4 @@
-// CPU tests of the FP8 MLA cache format (SPEC section 7): e4m3 conversion bit patterns,
+// CPU tests of the FP8 MLA cache format (docs/contract.md): e4m3 conversion bit patterns,
 // quantize / dequantize round trips, the 656-byte layout, the paged append, validation.
 #include <gtest/gtest.h>
 

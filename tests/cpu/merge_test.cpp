@@ -1,4 +1,4 @@
-// reference::merge_states (SPEC section 6): empty states, order independence,
+// reference::merge_states (docs/contract.md): empty states, order independence,
 // associativity, agreement with a softmax over the union of two key sets, huge LSEs.
 #include <gtest/gtest.h>
 

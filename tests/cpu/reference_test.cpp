@@ -1,5 +1,5 @@
 // The CPU reference of the dense MLA decode (reference::mla_decode) against a naive float64
-// formula written here from SPEC section 1: shapes, GQA head mapping, paging, causal masks,
+// formula written here from docs/contract.md: shapes, GQA head mapping, paging, causal masks,
 // empty rows, strided views, both dtypes, and the documented NaN rows of a bad block table.
 #include <gtest/gtest.h>
 
@@ -29,7 +29,7 @@ double half_value(uint16_t h, DType dt) {
   return dt == DType::kBF16 ? host::bf16_to_float(h) : host::fp16_to_float(h);
 }
 
-// SPEC 1 from its text: row (i, t, head) attends to cache positions j < L, and with causal
+// docs/contract.md, Dense decode, from its text: row (i, t, head) attends to cache positions j < L, and with causal
 // and s_q > 1 only to j <= L - s_q + t; z = scale * q.k over d_qk; out = softmax(z) @ k[:d_v].
 struct Naive {
   std::vector<double> out;  // [b, s_q, h_q, d_v]
@@ -147,7 +147,7 @@ struct RowFilter {  // rows whose out and lse are expected to be NaN
 };
 
 // Every element of the views against the naive result: exact zeros and +inf for empty rows,
-// SPEC 8 tolerances and rounding-level closeness elsewhere; nothing written outside the views.
+// accuracy tolerances (docs/contract.md) and rounding-level closeness elsewhere; nothing written outside the views.
 void expect_matches_naive(const support::HostDecodeCase& c, const ViewBuffers& v, const Naive& want,
                           const RowFilter& nan_rows = {}) {
   const auto& s = c.spec;

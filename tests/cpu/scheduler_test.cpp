@@ -244,7 +244,7 @@ TEST(Scheduler, RandomLengthVectorsKeepEveryInvariant) {
 }
 
 TEST(Scheduler, LargeBatchOfLongSequences) {
-  // b 4096 of up to 256K tokens (SPEC 1's required range): int64 costs, no overflow.
+  // b 4096 of up to 256K tokens (the dense decode's required range, docs/contract.md): int64 costs, no overflow.
   std::mt19937_64 rng(7);
   std::vector<int32_t> lens(4096);
   for (auto& l : lens) l = std::uniform_int_distribution<int32_t>(0, 262144)(rng);

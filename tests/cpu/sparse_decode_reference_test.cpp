@@ -1,4 +1,4 @@
-// CPU reference of the token-sparse FP8 MLA decode (SPEC section 2): against a naive formula
+// CPU reference of the token-sparse FP8 MLA decode (docs/contract.md): against a naive formula
 // over the dequantized cache, against the dense reference when the indices list a whole
 // sequence, and every validation path.
 #include <gtest/gtest.h>

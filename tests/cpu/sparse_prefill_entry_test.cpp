@@ -90,7 +90,7 @@ TEST(SparsePrefillKernelArgs, GridLimitOnTokensTimesRowTiles) {
   shape.s_q += 1;
   EXPECT_TRUE(StatusIs(detail::validate_mla_sparse_prefill_kernel_args("op", p.args, shape, kRowsPerCta),
                        StatusCode::kUnsupported, {"op: q.shape[0] (s_q)", "<= 2^31 - 1", "s_q = 536870912", "h_q = 128"}));
-  // SPEC 3's range (s_q up to 1M, h_q up to 128) is far inside the limit.
+  // The contract's range (docs/contract.md: s_q up to 1M, h_q up to 128) is far inside the limit.
   shape.s_q = int64_t{1} << 20;
   EXPECT_TRUE(detail::validate_mla_sparse_prefill_kernel_args("op", p.args, shape, kRowsPerCta));
 }

@@ -1,4 +1,4 @@
-// CPU reference of the sparse MLA prefill (SPEC section 3) against a naive natural-log
+// CPU reference of the sparse MLA prefill (docs/contract.md) against a naive natural-log
 // formula: base-2 statistics, invalid and duplicate indices, rows with no valid index,
 // strided views, topk_length, sinks, the natural-log option, and the validation paths.
 #include <gtest/gtest.h>

@@ -4,7 +4,7 @@
 // check applied to every input an entry point accepts.
 //
 // Why the contract is written here again instead of calling the library's validators: the
-// test must catch a validator that accepts what the README / SPEC forbid, so it needs an
+// test must catch a validator that accepts what the README / docs/contract.md forbid, so it needs an
 // independent statement of what is allowed.
 #pragma once
 

@@ -206,7 +206,7 @@ double edge_lse(Rng& rng) {
   return rng.chance(0.5) ? static_cast<double>(rng.uniform(-50000, 50000)) / 1000.0 : rng.pick(kValues);
 }
 
-// SPEC section 6 on finite partial outputs: empty states (LSE +-inf) contribute nothing,
+// docs/contract.md, Merging states, on finite partial outputs: empty states (LSE +-inf) contribute nothing,
 // two empty states give o = 0, lse = +inf, otherwise a convex combination, never NaN.
 // merge_states takes raw pointers: real buffers of d values, or now and then a null pointer,
 // which (like d < 1) must be an InvalidArgument naming the op, with nothing written.

@@ -111,7 +111,7 @@ TEST_P(MlaSparsePrefillSweep, MatchesReference) {
       got_max[row] = host::bits_to_float(max_stored[c.stat_at(t, h)]);
       got_lse[row] = host::bits_to_float(lse_stored[c.stat_at(t, h)]);
       logical_stat[c.stat_at(t, h)] = true;
-      // SPEC 0: a row with nothing to attend is exactly 0 (the tolerance would hide 1e-3).
+      // docs/contract.md, Empty rows: a row with nothing to attend is exactly 0 (the tolerance would hide 1e-3).
       if (std::isinf(ref.lse[row])) {
         for (int d = 0; d < 512; ++d) {
           ASSERT_EQ(host::bf16_to_float(got_out[row * 512 + d]), 0.f) << "empty row " << t << ", head " << h;

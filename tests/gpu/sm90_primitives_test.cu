@@ -21,7 +21,7 @@
 namespace mlakit::testing {
 
 // Byte offset of element (r, c) of a [rows][64] 16-bit slab in the 128-byte swizzle
-// (HOPPER_NOTES section 3; device/sm90/swizzle.cuh): element c is in 16-byte chunk c / 8.
+// (docs/hopper.md, Swizzle; device/sm90/swizzle.cuh): element c is in 16-byte chunk c / 8.
 __host__ __device__ inline int sw128_offset(int r, int c) {
   return device::sm90::sw128_offset(r, c / 8) + 2 * (c % 8);
 }
@@ -52,8 +52,8 @@ std::vector<uint16_t> random_bf16(std::size_t n, uint64_t seed) {
 }
 
 #if SM90_KERNEL_BODY
-// RS A-fragment of k-step kk of a row-major [64][k] 16-bit matrix for thread t (HOPPER_NOTES
-// section 4): register r holds row 16w + l/4 + 8 (r & 1), columns 16kk + 2 (l % 4) + 8 (r >> 1)
+// RS A-fragment of k-step kk of a row-major [64][k] 16-bit matrix for thread t (docs/hopper.md,
+// wgmma fragments): register r holds row 16w + l/4 + 8 (r & 1), columns 16kk + 2 (l % 4) + 8 (r >> 1)
 // and the next one.
 __device__ void load_a_fragment(const uint16_t* a, int k, int kk, uint32_t (&frag)[4]) {
   const int t = threadIdx.x % 128, w = t / 32, l = t % 32;

@@ -1,7 +1,7 @@
 // Stress test of the dense MLA decode (issue 23): many small problems, each called
 // knobs().calls times on the same tensors with one plan. NaN fills every cache slot no
 // sequence owns (support/decode_case); outputs and the plan's partial results are poisoned
-// before every call; call 0 is checked against the float64 reference (SPEC 8) and every later
+// before every call; call 0 is checked against the float64 reference (docs/contract.md) and every later
 // call bit for bit against call 0.
 #include <optional>
 #include <gtest/gtest.h>

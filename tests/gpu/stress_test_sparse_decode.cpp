@@ -1,7 +1,7 @@
 // Stress test of the sparse FP8 MLA decode (issue 23): many small problems, each called
 // knobs().calls times on the same tensors with one plan. Every byte of every cache token no
 // counted index lists is 0xFF (NaN wherever it is read); outputs and the plan's partial results
-// are poisoned before every call; call 0 is checked against the float64 reference (SPEC 8) and
+// are poisoned before every call; call 0 is checked against the float64 reference (docs/contract.md) and
 // every later call bit for bit against call 0.
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // knobs().calls times on the same tensors. Every kv row no counted index lists is NaN, and so
 // are the stored rows past s_kv and the padding of strided views (support/sparse_prefill_case);
 // outputs are poisoned before every call and their padding must keep the poison; call 0 is
-// checked against the float64 reference (SPEC 8) and every later call bit for bit against
+// checked against the float64 reference (docs/contract.md) and every later call bit for bit against
 // call 0.
 #include <optional>
 #include <gtest/gtest.h>

@@ -94,7 +94,7 @@ std::vector<T> from_bytes(const std::vector<uint8_t>& bytes) {
 
 // "" when the report passed, else its message (with the cosine difference).
 std::string verdict(const support::AccuracyReport& r);
-// 16-bit outputs: where the reference is exactly 0 (rows with nothing to attend, which SPEC 0
+// 16-bit outputs: where the reference is exactly 0 (rows with nothing to attend, which docs/contract.md
 // wants exactly 0 and the tolerance would hide) the result must be +-0.
 std::string check_exact_zeros(const std::vector<uint16_t>& got, const std::vector<float>& ref,
                               const std::string& name);

@@ -1,4 +1,4 @@
-"""SPEC section 8 accuracy rules on NumPy arrays (shared by the CPU and GPU tests; GPU results
+"""The accuracy rules of docs/contract.md on NumPy arrays (shared by the CPU and GPU tests; GPU results
 are compared after .cpu()). The reference is float64 and unrounded."""
 
 import numpy as np

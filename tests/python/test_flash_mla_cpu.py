@@ -82,7 +82,7 @@ def _prefill_case(rng):
 
 
 def test_sparse_prefill_returns_natural_log_statistics_like_flash_mla():
-    """SPEC 9: the FlashMLA that engines run on Hopper returns natural-log max_logits and lse."""
+    """docs/contract.md, drop-in: the FlashMLA that engines run on Hopper returns natural-log max_logits and lse."""
     q, kv, indices = _prefill_case(np.random.default_rng(12))
     out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.04)
     ref_out, ref_max, ref_lse = sparse_prefill_reference(q, kv, indices, 0.04, natural=True)

@@ -99,7 +99,7 @@ def dense_reference(q, kv, table, lengths, scale=None, causal=False):
     return out, lse
 
 def dequantize_fp8_cache(cache):
-    """The SPEC 7 format read with PyTorch: [..., 656] uint8 -> [..., 576] bfloat16."""
+    """The FP8 token format (docs/contract.md) read with PyTorch: [..., 656] uint8 -> [..., 576] bfloat16."""
     nope = cache[..., :512].contiguous().view(torch.float8_e4m3fn).float()
     scales = cache[..., 512:528].contiguous().view(torch.float32)
     rope = cache[..., 528:].contiguous().view(torch.bfloat16)
@@ -162,7 +162,7 @@ def to_numpy(t):
     return t.detach().float().cpu().numpy() if t.dtype != torch.float64 else t.detach().cpu().numpy()
 
 def check(out, lse, ref_out, ref_lse):
-    """SPEC 8 on GPU results."""
+    """The accuracy rules (docs/contract.md) on GPU results."""
     check_out(to_numpy(out), to_numpy(ref_out))
     check_stat(to_numpy(lse), to_numpy(ref_lse))
 

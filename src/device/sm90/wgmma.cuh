@@ -92,7 +92,7 @@ MLAKIT_DEFINE_WGMMA_SS_M64N64K16(wgmma_ss_m64n64k16_bf16, "bf16")
 MLAKIT_DEFINE_WGMMA_SS_M64N64K16(wgmma_ss_m64n64k16_f16, "f16")
 #undef MLAKIT_DEFINE_WGMMA_SS_M64N64K16
 
-// D (64 x 64, f32) (+)= A (64 x 16, registers: 4 x 32-bit, HOPPER_NOTES section 4) *
+// D (64 x 64, f32) (+)= A (64 x 16, registers: 4 x 32-bit, docs/hopper.md, wgmma fragments) *
 // B (16 x 64, shared memory): the RS form of wgmma.mma_async.m64n64k16 (PTX ISA 9.7.15.5.2).
 // kTransB as above (A in registers has no transpose flag).
 #define MLAKIT_DEFINE_WGMMA_RS_M64N64K16(NAME, PTX_TYPE)                                              \
@@ -150,7 +150,7 @@ MLAKIT_DEFINE_WGMMA_SS_M64N256K16(wgmma_ss_m64n256k16_bf16, "bf16")
 MLAKIT_DEFINE_WGMMA_SS_M64N256K16(wgmma_ss_m64n256k16_f16, "f16")
 #undef MLAKIT_DEFINE_WGMMA_SS_M64N256K16
 
-// D (64 x 256, f32) (+)= A (64 x 16, registers: 4 x 32-bit, HOPPER_NOTES section 4) *
+// D (64 x 256, f32) (+)= A (64 x 16, registers: 4 x 32-bit, docs/hopper.md, wgmma fragments) *
 // B (16 x 256, shared memory): the RS form of wgmma.mma_async.m64n256k16 (PTX ISA 9.7.15.5.2).
 // kTransB as above (A in registers has no transpose flag).
 #define MLAKIT_DEFINE_WGMMA_RS_M64N256K16(NAME, PTX_TYPE)                                              \

@@ -1,4 +1,4 @@
-// Combine step of the split-KV decode (SPEC section 6 merge, over all splits of a row).
+// Combine step of the split-KV decode (docs/contract.md, Merging states, over all splits of a row).
 //
 // Grid (b, h_kv, row groups), 8 warps, one warp per query row: a group of 8 rows per CTA
 // keeps enough rows in flight (a CTA per sequence left the H100 latency-bound: 47 us at

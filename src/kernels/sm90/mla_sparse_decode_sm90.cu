@@ -1,4 +1,4 @@
-// Launcher of the Hopper sparse FP8 decode (q and out bf16, SPEC 2), then the combine.
+// Launcher of the Hopper sparse FP8 decode (q and out bf16, docs/contract.md), then the combine.
 #include <cuda_bf16.h>
 
 #include "kernels/portable/launch.h"

@@ -1,4 +1,4 @@
-// Launcher of the Hopper sparse prefill (bf16, the only dtype of SPEC 3).
+// Launcher of the Hopper sparse prefill (bf16, the prefill's only dtype: docs/contract.md).
 #include <cuda_bf16.h>
 
 #include "kernels/sm90/launch.h"
