@@ -12,6 +12,7 @@
 
 #include "device/numeric.cuh"
 #include "device/sm90/matrix_store.cuh"
+#include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "kernels/sm90/consumer_thread.cuh"
 #include "kernels/sm90/decode_config.cuh"
@@ -59,13 +60,15 @@ class ConsumerHandoffs {
     // The 8 x 8 blocks of this warp's 16 rows by stmatrix, four at a time: block (h, j) (rows
     // 16 warp + 8 h .., columns 8 j ..) is registers s[4 j + 2 h], s[4 j + 2 h + 1] of each
     // thread; lane l addresses row l % 8 of block (l / 8 % 2, 2 k + l / 16) of call k, at its
-    // swizzled 16-byte chunk j ^ (row % 8).
-    const uint32_t tile = device::sm90::smem_u32(sm_.kv[me_.w][C::kNopeSlabs]);
-    const int block = me_.lane / 8, row = 16 * ((me_.t % 128) / 32) + 8 * (block % 2) + me_.lane % 8;
+    // swizzled 16-byte chunk j (row % 8 = lane % 8).
+    namespace dev = device::sm90;
+    const uint32_t tile = dev::smem_u32(sm_.kv[me_.w][C::kNopeSlabs]);
+    const int block = me_.lane / 8;
+    const int row = 16 * ((me_.t % dev::kWarpgroupThreads) / dev::kWarpSize) + 8 * (block % 2) + me_.lane % 8;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int j = 2 * k + block / 2;
-      device::sm90::stmatrix_x4(tile + row * 128 + ((j ^ (me_.lane % 8)) << 4), Ops::pack(s[8 * k], s[8 * k + 1]),
+      device::sm90::stmatrix_x4(tile + row * dev::kSwizzleRowBytes + dev::sw128_chunk_offset(me_.lane, j), Ops::pack(s[8 * k], s[8 * k + 1]),
                                 Ops::pack(s[8 * k + 2], s[8 * k + 3]), Ops::pack(s[8 * k + 4], s[8 * k + 5]),
                                 Ops::pack(s[8 * k + 6], s[8 * k + 7]));
     }

@@ -6,7 +6,9 @@
 
 #include <cstdint>
 
+#include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "kernels/sm90/consumer_handoff.cuh"
 #include "kernels/sm90/consumer_options.cuh"
@@ -107,11 +109,15 @@ class ScoreTiles {
     const int valid_rows = min(C::kKeys, key_end - tile_start);
     if (valid_rows == C::kKeys) return;
     await_tile(stage);
-    const int tid = me_.t % 128;
-    const int chunks = (C::kKeys - valid_rows) * C::kNopeSlabs * 8;
-    for (int c = tid; c < chunks; c += 128) {
-      const int r = valid_rows + c / (C::kNopeSlabs * 8), k = c % (C::kNopeSlabs * 8);
-      *reinterpret_cast<uint4*>(&sm_.kv[stage][k / 8][r * 128 + (k % 8) * 16]) = make_uint4(0, 0, 0, 0);
+    // Whole rows are zeroed, so the chunks' order within a row (the swizzle) does not matter.
+    namespace dev = device::sm90;
+    const int chunks_per_row = C::kNopeSlabs * dev::kSwizzleRowChunks;
+    const int chunks = (C::kKeys - valid_rows) * chunks_per_row;
+    for (int c = me_.t % dev::kWarpgroupThreads; c < chunks; c += dev::kWarpgroupThreads) {
+      const int r = valid_rows + c / chunks_per_row, k = c % chunks_per_row;
+      *reinterpret_cast<uint4*>(&sm_.kv[stage][k / dev::kSwizzleRowChunks][r * dev::kSwizzleRowBytes +
+                                                                            (k % dev::kSwizzleRowChunks) * dev::kSwizzleChunkBytes]) =
+          make_uint4(0, 0, 0, 0);
     }
     device::sm90::fence_proxy_async_smem();
     const int zeroed = me_.w == 0 ? C::kZeroed0 : C::kZeroed1;

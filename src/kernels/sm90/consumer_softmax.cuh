@@ -2,8 +2,9 @@
 // running reference max m, row sums l and (for max_logits) the true max logit of each of the
 // thread's two rows (r0, r0 + 8).
 //
-// S is a wgmma accumulator (64 x 64 f32): register i of a thread is row r0 + 8((i >> 1) & 1),
-// column 8(i >> 2) + 2(lane % 4) + (i & 1); the four lanes of a quad hold one row.
+// S is a wgmma accumulator (64 x 64 f32, device/sm90/wgmma_fragment.cuh): register i of a
+// thread is in row r0 + 8 ((i >> 1) & 1) (its row half h) and column acc_col(lane, i); the four
+// lanes of a quad hold one row.
 #pragma once
 
 #include <cmath>
@@ -77,9 +78,10 @@ struct OnlineSoftmax {
     MLAKIT_SM90_STAMP(kConsumerExpDone);
   }
 
-  // Moves the output accumulator o (64 x 256 f32, register j in row r0 + 8((j >> 1) & 1)) and
+  // Moves the output accumulator o (64 x 256 f32, register j in row r0 + 8 ((j >> 1) & 1)) and
   // l from the reference m to m_new (>= m). o must have no wgmma in flight.
-  __device__ void rescale(float (&o)[128], const float (&m_new)[2]) {
+  template <int kRegs>
+  __device__ void rescale(float (&o)[kRegs], const float (&m_new)[2]) {
     float f[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -89,7 +91,7 @@ struct OnlineSoftmax {
     }
     if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) {
 #pragma unroll
-      for (int j = 0; j < 128; ++j) o[j] *= ((j >> 1) & 1) ? f[1] : f[0];
+      for (int j = 0; j < kRegs; ++j) o[j] *= ((j >> 1) & 1) ? f[1] : f[0];
     }
   }
 

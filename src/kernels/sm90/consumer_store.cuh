@@ -9,6 +9,7 @@
 
 #include "device/numeric.cuh"
 #include "device/sm90/sync.cuh"
+#include "device/sm90/wgmma_fragment.cuh"
 #include "kernels/decode_rows.cuh"
 #include "kernels/sm90/consumer_softmax.cuh"
 #include "kernels/sm90/consumer_thread.cuh"
@@ -43,7 +44,7 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&u)[4]) {
 // Q copy overlaps the stores.
 template <typename Elem, bool kMaxLogits, typename OnQFree>
 __device__ void store_segment(const MlaDecodeParams& p, Sm90DecodeSmem& sm, ConsumerThread me, int tile, int hk,
-                              const float (&o)[128], const OnlineSoftmax<kMaxLogits>& softmax, bool bad, int seq,
+                              const float (&o)[Sm90DecodeConfig::kOutRegs], const OnlineSoftmax<kMaxLogits>& softmax, bool bad, int seq,
                               int split, OnQFree on_q_free) {
   using C = Sm90DecodeConfig;
   using Ops = device::ElemOps<Elem>;
@@ -112,8 +113,8 @@ __device__ void store_segment(const MlaDecodeParams& p, Sm90DecodeSmem& sm, Cons
       }
     } else if (row_ok) {
 #pragma unroll
-      for (int j = 2 * half; j < 128; j += 4) {
-        const int col = C::kVColsPerConsumer * me.w + 8 * (j >> 2) + 2 * (me.lane % 4);
+      for (int j = 2 * half; j < C::kOutRegs; j += 4) {
+        const int col = C::kVColsPerConsumer * me.w + device::sm90::acc_col(me.lane, j);
         const float v0 = o[j] * scale, v1 = o[j + 1] * scale;
         if (direct) {
           *reinterpret_cast<uint32_t*>(out + col) = Ops::pack(v0, v1);

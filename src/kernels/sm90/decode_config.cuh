@@ -32,6 +32,8 @@ struct Sm90DecodeConfig {
   static constexpr int kFp8ProducerRegs = 88;
   static constexpr int kFp8ConsumerRegs = 208;
   static constexpr int kVColsPerConsumer = kDv / 2;  // O columns of one consumer
+  // f32 registers per thread of a consumer's 64 x 256 output accumulator (wgmma m64n256).
+  static constexpr int kOutRegs = kVColsPerConsumer / 2;
   static constexpr int kQkSteps = kDqk / 16;
   static constexpr int kPvSteps = kKeys / 16;
   // The one named barrier (id 0 is __syncthreads), synced by all 256 consumer threads

@@ -39,8 +39,10 @@
 #include <cstdint>
 
 #include "device/cp_async.cuh"
+#include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
+#include "device/sm90/wgmma_fragment.cuh"
 #include "kernels/decode_rows.cuh"
 #include "kernels/sm90/consumer_handoff.cuh"
 #include "kernels/sm90/consumer_options.cuh"
@@ -99,7 +101,7 @@ class Sm90Consumer {
     lim_[0] = row_limit(me_.r0, L, key_end);
     lim_[1] = row_limit(me_.r0 + 8, L, key_end);
 #pragma unroll
-    for (int j = 0; j < 128; ++j) o_[j] = 0.f;
+    for (int j = 0; j < C::kOutRegs; ++j) o_[j] = 0.f;
     softmax_.reset();
     bad_ = false;
     const int tiles = segment_tiles(p_, hk_, tile_, L, key_begin, key_end);
@@ -327,6 +329,8 @@ class Sm90Consumer {
       softmax_.scaled_logits(s, p_.scale_log2, [&](int i) { return ((listed >> (2 * (i >> 2) + (i & 1))) & 1u) != 0; },
                              mx);
     } else {
+      // Column of register i: dev::acc_col(lane, i), summed in this order (the kernel's SASS
+      // as measured; tile_start + acc_col(..) compiles to other address arithmetic).
       const int lane_col = 2 * (me_.lane % 4);
       softmax_.scaled_logits(
           s, p_.scale_log2,
@@ -401,7 +405,7 @@ class Sm90Consumer {
     dev::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kPvSteps; ++kk) {
-      Mma256::template ss<1>(o_, dev::advance_desc(p_desc, kk * 32), dev::advance_desc(vd, kk * 16 * 128), true);
+      Mma256::template ss<1>(o_, dev::advance_desc(p_desc, kk * 32), dev::advance_desc(vd, kk * 16 * dev::kSwizzleRowBytes), true);
     }
     dev::wgmma_commit();
   }
@@ -412,13 +416,13 @@ class Sm90Consumer {
     dev::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kPvSteps; ++kk) {
-      Mma256::template rs<1>(o_, frag[kk], dev::advance_desc(vd, kk * 16 * 128), true);
+      Mma256::template rs<1>(o_, frag[kk], dev::advance_desc(vd, kk * 16 * dev::kSwizzleRowBytes), true);
     }
     dev::wgmma_commit();
   }
 
   // RS A-fragments of P for key block kk (keys 16kk .. 16kk+15): register r packs S[8kk + 2r]
-  // (low half) and S[8kk + 2r + 1] (docs/kernels/mla_decode_sm90.md, the RS operand).
+  // (low half) and S[8kk + 2r + 1] (docs/hopper.md, wgmma fragments).
   __device__ static void pack_p(const float (&s)[32], uint32_t (&frag)[C::kPvSteps][4]) {
 #pragma unroll
     for (int kk = 0; kk < C::kPvSteps; ++kk) {
@@ -440,7 +444,7 @@ class Sm90Consumer {
   bool q_offsets_ready_ = false;  // sm_.q_row_offset filled
   bool q_issued_ = false;         // the next segment's Q copy is in flight
   uint32_t q_phase_ = 0;          // parity of the next wait on q_full
-  float o_[128];
+  float o_[C::kOutRegs];
 };
 
 }  // namespace mlakit::detail::sm90
