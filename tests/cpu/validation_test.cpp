@@ -69,6 +69,16 @@ TEST(ValidateMlaDecodeArgs, AcceptsValidArgsAndFillsTheProblem) {
   EXPECT_EQ(p.d_v, 512);
 }
 
+// Points t at a zeroed buffer of its own that holds the view's whole extent under its strides
+// (so strided views of one test never reach into another tensor's memory, which the overlap
+// check would rightly reject).
+void rehome(TensorRef& t, std::vector<std::vector<uint8_t>>& buffers) {
+  int64_t span = 1;
+  for (int i = 0; i < t.rank; ++i) span += (t.shape[i] - 1) * t.stride[i];
+  buffers.emplace_back(static_cast<std::size_t>(span) * dtype_size(t.dtype) + 16, 0);
+  t.data = buffers.back().data();
+}
+
 TEST(ValidateMlaDecodeArgs, AcceptsStridedViewsAndSizeOneLastDims) {
   ValidArgs v;
   MlaDecodeArgs& a = v.args;
@@ -81,6 +91,9 @@ TEST(ValidateMlaDecodeArgs, AcceptsStridedViewsAndSizeOneLastDims) {
   a.out.stride[0] += 3;
   a.lse.stride[0] = 100;
   a.lse.stride[1] = 7;
+  std::vector<std::vector<uint8_t>> buffers;
+  buffers.reserve(5);
+  for (TensorRef* t : {&a.q, &a.kv_cache, &a.block_table, &a.out, &a.lse}) rehome(*t, buffers);
   a.softmax_scale = -0.5f;  // any finite scale is used as given
   EXPECT_TRUE(validate(a).is_ok()) << validate(a).to_string();
   // s_q 1: the lse's last dimension has size 1 and any stride.
