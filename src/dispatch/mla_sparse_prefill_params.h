@@ -2,7 +2,7 @@
 // dispatch and the timeline tool (bench/timeline.cu), which builds its own traced kernel.
 #pragma once
 
-#include "host/mla_sparse_prefill_validate.h"
+#include "common/sparse_prefill_shape.h"
 #include "kernels/mla_decode_params.h"
 #include "mlakit/mla_sparse_prefill.h"
 
