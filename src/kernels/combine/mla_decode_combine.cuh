@@ -1,0 +1,111 @@
+// Combine step of the split-KV decode (SPEC section 6 merge, over all splits of a row).
+//
+// Grid (b, h_kv, row groups), 8 warps, one warp per query row: a group of 8 rows per CTA
+// keeps enough rows in flight (a CTA per sequence left the H100 latency-bound: 47 us at
+// b=128 h_q=128). Per sequence: 1 split -> already final,
+// nothing to do; 0 splits (length 0) -> out 0, lse +inf; n >= 2 -> merge the n normalised
+// partial outputs with weights exp2(lse_s - lse), lse = log2 sum exp2(lse_s). A partial LSE
+// of -inf is an empty state and contributes nothing; NaN (invalid block table) propagates.
+//
+// Shared by both kernel families (the portable and the Hopper attention write the same
+// partials). Its namespace stays `portable`, where it was first written: the kernel's symbol
+// is what profiles and bench/results name.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "device/numeric.cuh"
+#include "kernels/decode_rows.cuh"
+#include "kernels/mla_decode_params.h"
+
+namespace mlakit::detail::portable {
+
+struct CombineConfig {
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kDv = 512;
+  static constexpr int kValuesPerLane = kDv / 32;  // four float4 per lane
+  static constexpr int kMaxRowGroups = 65535;      // gridDim.z limit; larger row counts loop
+};
+
+__device__ __forceinline__ float warp_max(float x) {
+  for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+template <typename Elem>
+__global__ void __launch_bounds__(CombineConfig::kThreads)
+    mla_decode_combine_kernel(const __grid_constant__ MlaDecodeParams p) {
+  using C = CombineConfig;
+  using Ops = device::ElemOps<Elem>;
+  const int seq = blockIdx.x, hk = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int splits = p.split_prefix[seq + 1] - p.split_prefix[seq];
+  if (splits == 1) return;
+  const int slot0 = p.partial_prefix[seq];
+
+  for (int row = blockIdx.z * C::kWarps + warp; row < p.rows; row += gridDim.z * C::kWarps) {
+    const int t = row / p.heads_per_kv;
+    const int head = hk * p.heads_per_kv + row % p.heads_per_kv;
+    auto lse_of = [&](int s) {
+      return p.partial_lse[(static_cast<int64_t>(slot0 + s) * p.h_kv + hk) * p.rows + row];
+    };
+    float max_lse = -INFINITY;
+    bool has_nan = false;
+    for (int s = lane; s < splits; s += 32) {
+      float v = lse_of(s);
+      has_nan |= isnan(v);
+      if (isfinite(v)) max_lse = fmaxf(max_lse, v);
+    }
+    max_lse = warp_max(max_lse);
+    has_nan = __any_sync(0xffffffffu, has_nan);
+    float sum = 0.f;
+    for (int s = lane; s < splits; s += 32) {
+      float v = lse_of(s);
+      if (isfinite(v)) sum += exp2f(v - max_lse);
+    }
+    sum = warp_sum(sum);
+
+    float acc[C::kValuesPerLane] = {};
+    const bool empty = max_lse == -INFINITY;  // also true for splits == 0
+    if (!empty && !has_nan) {
+      for (int s = 0; s < splits; ++s) {
+        float v = lse_of(s);
+        if (!isfinite(v)) continue;
+        const float w = exp2f(v - max_lse) / sum;
+        const float* src =
+            p.partial_out + ((static_cast<int64_t>(slot0 + s) * p.h_kv + hk) * p.rows + row) * C::kDv;
+#pragma unroll
+        for (int i = 0; i < C::kValuesPerLane / 4; ++i) {
+          float4 x = *reinterpret_cast<const float4*>(src + 128 * i + 4 * lane);
+          acc[4 * i + 0] += w * x.x;
+          acc[4 * i + 1] += w * x.y;
+          acc[4 * i + 2] += w * x.z;
+          acc[4 * i + 3] += w * x.w;
+        }
+      }
+    }
+    Elem* out = static_cast<Elem*>(p.out) + seq_offset(p, seq, p.out_stride_b, p.out_stride_s) +
+                t * p.out_stride_s + head * p.out_stride_h;
+    const float lse = has_nan ? NAN : (empty ? INFINITY : (max_lse + log2f(sum)) * device::kLn2);
+    const float sink = sink_factor(p, head, lse);
+#pragma unroll
+    for (int i = 0; i < C::kValuesPerLane / 4; ++i) {
+      float a0 = has_nan ? NAN : acc[4 * i] * sink, a1 = has_nan ? NAN : acc[4 * i + 1] * sink;
+      float a2 = has_nan ? NAN : acc[4 * i + 2] * sink, a3 = has_nan ? NAN : acc[4 * i + 3] * sink;
+      uint2 packed = make_uint2(Ops::pack(a0, a1), Ops::pack(a2, a3));
+      *reinterpret_cast<uint2*>(out + 128 * i + 4 * lane) = packed;
+    }
+    if (lane == 0) {
+      p.lse[seq_offset(p, seq, p.lse_stride_b, p.lse_stride_s) + head * p.lse_stride_h + t * p.lse_stride_s] = lse;
+    }
+  }
+}
+
+}  // namespace mlakit::detail::portable
