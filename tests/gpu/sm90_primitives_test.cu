@@ -12,6 +12,7 @@
 #include "device/sm90/matrix_store.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
+#include "dispatch/tma_tensor.h"
 #include "gpu_test_util.h"
 #include "kernels/sm90/launch.h"
 #include "reference/host_numeric.h"
@@ -211,7 +212,7 @@ TEST(Sm90Primitives, TmaPagedLoadCompletesOnMbarrierInSwizzledLayout) {
   const TensorRef ref = make_tensor(dc.get(), DType::kBF16, {kBlocks, kPage, kHeads, kD});
   CUtensorMap map;
   std::string why;
-  ASSERT_TRUE(detail::make_kv_tensor_map(ref, kPage, &map, &why)) << why;
+  ASSERT_TRUE(detail::make_kv_tensor_map(detail::tma_tensor(ref), kPage, &map, &why)) << why;
   tma_paged_kernel<<<1, 128>>>(map, static_cast<uint16_t*>(dout.get()));
   MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
   const auto out = dout.download<uint16_t>();
