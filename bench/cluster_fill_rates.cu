@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "device/cp_async.cuh"
-#include "device/sm90/cluster.cuh"
+#include "bench/cluster.cuh"
 #include "device/sm90/sync.cuh"
 #include "bench/rate_tools.cuh"
 #include "support/device_array.h"

@@ -29,6 +29,8 @@
 #include "bench/timeline_trace.h"
 #include "common/decode_schedule.h"
 #include "dispatch/mla_decode_dispatch.h"
+#include "dispatch/mla_sparse_decode_dispatch.h"
+#include "dispatch/tma_tensor.h"
 #include "host/mla_decode_validate.h"
 #include "host/scheduler.h"
 #include "kernels/sm90/launch.h"
@@ -310,12 +312,12 @@ int main(int argc, char** argv) {
     const int box_rows = detail::sm90_box_rows(bc.page);
     CUtensorMap kv_map;
     std::string why;
-    if (box_rows == 0 || !detail::make_kv_tensor_map(d.args.kv_cache, box_rows, &kv_map, &why)) {
+    if (box_rows == 0 || !detail::make_kv_tensor_map(detail::tma_tensor(d.args.kv_cache), box_rows, &kv_map, &why)) {
       bench::fail(bc.name + ": no tensor map: " + why);
     }
     CUtensorMap q_map;  // as the library's dispatch: the Q tile by TMA where the map exists
     const CUtensorMap* q_by_tma =
-        detail::make_q_tensor_map(d.args.q, params.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
+        detail::make_q_tensor_map(detail::tma_tensor(d.args.q), params.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
     TracedRun t{.name = bc.name, .row_tiles = (params.rows + 63) / 64, .num_parts = params.num_parts,
                 .block_n = params.block_n};
     t.ctas = t.row_tiles * params.h_kv * params.num_parts;
@@ -349,7 +351,7 @@ int main(int argc, char** argv) {
     CUtensorMap q_map;  // as the library's dispatch
     std::string why;
     const CUtensorMap* q_by_tma =
-        detail::make_q_tensor_map(d.args.q, params.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
+        detail::make_q_tensor_map(detail::tma_tensor(d.args.q), params.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
     trace(flusher, stream, records, [&] { return traced_sparse_decode(&params, q_by_tma, &buffer, stream); }, &t.ms);
     t.raw = records.download<uint64_t>();
     t.span = spans.download<uint64_t>();

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dispatch/mla_sparse_prefill_params.h"
+#include "dispatch/tma_tensor.h"
 #include "bench/timeline_trace.h"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/mla_sparse_prefill_sm90_kernel.cuh"
@@ -112,7 +113,7 @@ int main(int argc, char** argv) {
 
   CUtensorMap q_map;  // as the library's dispatch: the Q tile by TMA where the map exists
   std::string why;
-  const bool q_by_tma = mlakit::detail::make_sparse_prefill_q_tensor_map(args.q, &q_map, &why);
+  const bool q_by_tma = mlakit::detail::make_sparse_prefill_q_tensor_map(mlakit::detail::tma_tensor(args.q), &q_map, &why);
   auto kernel = &mlakit::detail::sm90::mla_sparse_prefill_sm90_kernel<__nv_bfloat16>;
   CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   mlakit::detail::sm90::kSm90SmemBytes));

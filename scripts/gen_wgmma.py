@@ -34,7 +34,7 @@ FORMS = {
         inputs_pad=12,
     ),
     "rs": dict(
-        doc="// D (64 x {n}, f32) (+)= A (64 x 16, registers: 4 x 32-bit, HOPPER_NOTES section 4) *\n"
+        doc="// D (64 x {n}, f32) (+)= A (64 x 16, registers: 4 x 32-bit, docs/hopper.md, wgmma fragments) *\n"
         "// B (16 x {n}, shared memory): the RS form of wgmma.mma_async.m64n{n}k16 (PTX ISA 9.7.15.5.2).\n"
         "// kTransB as above (A in registers has no transpose flag).\n",
         a_param="const uint32_t (&a)[4]",

@@ -1,5 +1,5 @@
 // The split-KV schedule of the MLA decode, as pure integer functions shared by the device
-// planner (src/kernels/portable/decode_plan.cu) and its CPU twin (src/host/scheduler.cpp):
+// planner (src/kernels/schedule/decode_plan.cu) and its CPU twin (src/host/scheduler.cpp):
 // both evaluate exactly these functions, so their outputs are bit-identical.
 //
 // Model. Sequence i has n_i = ceil(L_i / block_n) key blocks and costs n_i + overhead units

@@ -1,11 +1,10 @@
 // Dispatch of the dense MLA decode: validated arguments -> kernel parameters -> launches.
 // Plain C++ interface; implemented in CUDA (mla_decode_dispatch.cu), absent without CUDA.
+// The sparse FP8 decode's: mla_sparse_decode_dispatch.h.
 #pragma once
 
-#include "common/decode_schedule.h"
 #include "kernels/mla_decode_params.h"
 #include "mlakit/mla_decode.h"
-#include "mlakit/mla_sparse_decode.h"
 
 namespace mlakit::detail {
 
@@ -20,16 +19,6 @@ MlaDecodeParams make_decode_params(const MlaDecodeArgs& args, const MlaDecodePla
 // Launches attention + combine for validated arguments.
 Status dispatch_mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan,
                            float softmax_scale, cudaStream_t stream);
-
-// Sparse FP8 decode: plan over (batch, query token) sequences of length topk_length / topk,
-// then the plan's kernel (Hopper or portable) + combine (none for a plan with no_splits: the
-// kernel wrote every output). make_sparse_decode_params: the kernel
-// parameters (mlakit-decode-timeline launches its traced copy of the Hopper kernel with them).
-Status dispatch_sparse_decode_plan(const MlaDecodePlan& plan, const SeqLengths& lengths, cudaStream_t stream);
-MlaDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& args, const MlaDecodePlan& plan,
-                                          const SeqLengths& lengths, float softmax_scale);
-Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& args, const MlaDecodePlan& plan, const SeqLengths& lengths,
-                                  float softmax_scale, cudaStream_t stream);
 
 // The combine step alone (it rewrites the outputs of split and empty sequences from the
 // partial results in the workspace): the benchmark times it to report the plan + combine

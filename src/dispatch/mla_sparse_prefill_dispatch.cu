@@ -7,6 +7,7 @@
 #include "common/decode_schedule.h"
 #include "dispatch/cuda_status.h"
 #include "dispatch/mla_sparse_prefill_params.h"
+#include "dispatch/tma_tensor.h"
 #include "kernels/portable/launch.h"
 #include "kernels/sm90/launch.h"
 
@@ -18,7 +19,7 @@ Status dispatch_mla_sparse_prefill(const MlaSparsePrefillArgs& a, const SparsePr
   if (kernel == MlaDecodeKernel::kSm90) {
     CUtensorMap q_map;
     std::string why;  // no map (unaligned q): the consumers copy Q by cp.async
-    const CUtensorMap* q_by_tma = make_sparse_prefill_q_tensor_map(a.q, &q_map, &why) ? &q_map : nullptr;
+    const CUtensorMap* q_by_tma = make_sparse_prefill_q_tensor_map(tma_tensor(a.q), &q_map, &why) ? &q_map : nullptr;
     return cuda_status("mla_sparse_prefill", launch_mla_sparse_prefill_sm90<__nv_bfloat16>(params, q_by_tma, stream));
   }
   return cuda_status("mla_sparse_prefill", launch_mla_portable_whole_sequence<__nv_bfloat16>(params, stream));

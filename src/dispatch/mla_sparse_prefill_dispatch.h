@@ -2,7 +2,7 @@
 // gathering producer, or the portable kernel's whole-sequence mode with bf16 row gather. Plain C++ interface; implemented in CUDA.
 #pragma once
 
-#include "host/mla_sparse_prefill_validate.h"
+#include "common/sparse_prefill_shape.h"
 #include "mlakit/mla_sparse_prefill.h"
 
 namespace mlakit::detail {

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "common/math_constants.h"
-#include "host/mla_sparse_prefill_validate.h"
+#include "common/sparse_prefill_shape.h"
 #include "kernels/mla_decode_params.h"
 #include "mlakit/mla_sparse_prefill.h"
 

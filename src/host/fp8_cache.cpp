@@ -1,13 +1,14 @@
 // GPU entry points of the FP8 MLA cache tools: validation, then one launch.
 #include "mlakit/fp8_cache.h"
 
-#include <string>
+#include <initializer_list>
+#include <utility>
 
 #include "common/fp8_cache_row.h"
 #include "host/device.h"
 #include "host/fp8_cache_args.h"
 #if MLAKIT_WITH_CUDA
-#include "kernels/portable/fp8_cache_launch.h"
+#include "dispatch/fp8_cache_dispatch.h"
 #endif
 
 namespace mlakit {
@@ -26,13 +27,6 @@ Status device_and_pointers(const char* op, std::initializer_list<std::pair<const
   return Status::ok();
 }
 
-#if MLAKIT_WITH_CUDA
-Status cuda_status(const char* op, cudaError_t err) {
-  if (err == cudaSuccess) return Status::ok();
-  return Status(StatusCode::kCudaError, std::string(op) + ": " + cudaGetErrorString(err));
-}
-#endif
-
 }  // namespace
 
 Status quantize_mla_cache_fp8(const TensorRef& src, const TensorRef& dst, cudaStream_t stream) {
@@ -43,8 +37,7 @@ Status quantize_mla_cache_fp8(const TensorRef& src, const TensorRef& dst, cudaSt
   int device = 0;
   MLAKIT_RETURN_IF_ERROR(device_and_pointers(kOp, {{"src", src.data}, {"dst", dst.data}}, &device));
 #if MLAKIT_WITH_CUDA
-  return cuda_status(kOp, detail::launch_quantize_mla_fp8(static_cast<const uint16_t*>(s.data), s.stride,
-                                                          static_cast<uint8_t*>(d.data), d.stride, s.rows, stream));
+  return detail::dispatch_quantize_mla_fp8(kOp, s, d, stream);
 #else
   (void)stream;
   return detail::built_without_cuda(kOp);
@@ -59,8 +52,7 @@ Status dequantize_mla_cache_fp8(const TensorRef& src, const TensorRef& dst, cuda
   int device = 0;
   MLAKIT_RETURN_IF_ERROR(device_and_pointers(kOp, {{"src", src.data}, {"dst", dst.data}}, &device));
 #if MLAKIT_WITH_CUDA
-  return cuda_status(kOp, detail::launch_dequantize_mla_fp8(static_cast<const uint8_t*>(s.data), s.stride,
-                                                            static_cast<uint16_t*>(d.data), d.stride, s.rows, stream));
+  return detail::dispatch_dequantize_mla_fp8(kOp, s, d, stream);
 #else
   (void)stream;
   return detail::built_without_cuda(kOp);
@@ -76,9 +68,7 @@ Status append_mla_cache_fp8(const TensorRef& tokens, const TensorRef& slots, con
   MLAKIT_RETURN_IF_ERROR(
       device_and_pointers(kOp, {{"tokens", tokens.data}, {"slots", slots.data}, {"cache", cache.data}}, &device));
 #if MLAKIT_WITH_CUDA
-  return cuda_status(kOp, detail::launch_append_mla_fp8(static_cast<const uint16_t*>(a.tokens.data), a.tokens.stride,
-                                                        a.slots, a.tokens.rows, a.cache, a.block_stride, a.page_stride,
-                                                        a.page_size, a.num_blocks, stream));
+  return detail::dispatch_append_mla_fp8(kOp, a, stream);
 #else
   (void)stream;
   return detail::built_without_cuda(kOp);

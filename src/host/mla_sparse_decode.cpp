@@ -13,7 +13,7 @@
 #include "host/mla_sparse_decode_validate.h"
 #include "host/output_check.h"
 #if MLAKIT_WITH_CUDA
-#include "dispatch/mla_decode_dispatch.h"
+#include "dispatch/mla_sparse_decode_dispatch.h"
 #endif
 
 namespace mlakit {

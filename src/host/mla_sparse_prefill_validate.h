@@ -2,23 +2,10 @@
 // the GPU entry point and the CPU reference), then what the GPU kernel adds.
 #pragma once
 
-#include <cstdint>
-
+#include "common/sparse_prefill_shape.h"
 #include "mlakit/mla_sparse_prefill.h"
 
 namespace mlakit::detail {
-
-struct SparsePrefillShape {
-  int64_t s_q = 0;
-  int64_t s_kv = 0;
-  int h_q = 0;
-  int d_qk = 0;
-  int topk = 0;
-};
-
-// s_q or h_q of 0: the empty result, nothing to compute. The other size may then be anything
-// the tensors allow (q has no elements), so no loop may run over it.
-inline bool is_empty_problem(const SparsePrefillShape& s) { return s.s_q == 0 || s.h_q == 0; }
 
 Status validate_mla_sparse_prefill_args(const char* op, const MlaSparsePrefillArgs& args, bool allow_float_out,
                                         SparsePrefillShape* shape);

@@ -1,4 +1,4 @@
-// CPU twin of the device planner (src/kernels/portable/decode_plan.cu). Both evaluate the
+// CPU twin of the device planner (src/kernels/schedule/decode_plan.cu). Both evaluate the
 // functions of common/decode_schedule.h, so their outputs must be bit-identical; the tests
 // check that, plus coverage and balance.
 #pragma once

@@ -14,6 +14,7 @@
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "device/sm90/wgmma_fragment.cuh"
+#include "dispatch/tma_tensor.h"
 #include "gpu_test_util.h"
 #include "kernels/sm90/launch.h"
 #include "reference/host_numeric.h"
@@ -207,7 +208,7 @@ TEST(Sm90Primitives, TmaPagedLoadCompletesOnMbarrierInSwizzledLayout) {
   const TensorRef ref = make_tensor(dc.get(), DType::kBF16, {kBlocks, kPage, kHeads, kD});
   CUtensorMap map;
   std::string why;
-  ASSERT_TRUE(detail::make_kv_tensor_map(ref, kPage, &map, &why)) << why;
+  ASSERT_TRUE(detail::make_kv_tensor_map(detail::tma_tensor(ref), kPage, &map, &why)) << why;
   tma_paged_kernel<<<1, 128>>>(map, static_cast<uint16_t*>(dout.get()));
   MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
   const auto out = dout.download<uint16_t>();

@@ -2,5 +2,4 @@
 
 namespace mlakit::detail {
 template cudaError_t launch_mla_decode_portable<__nv_bfloat16>(const MlaDecodeParams&, cudaStream_t);
-template cudaError_t launch_mla_decode_combine<__nv_bfloat16>(const MlaDecodeParams&, cudaStream_t);
 }  // namespace mlakit::detail

@@ -2,5 +2,4 @@
 
 namespace mlakit::detail {
 template cudaError_t launch_mla_decode_portable<__half>(const MlaDecodeParams&, cudaStream_t);
-template cudaError_t launch_mla_decode_combine<__half>(const MlaDecodeParams&, cudaStream_t);
 }  // namespace mlakit::detail

@@ -7,6 +7,7 @@ namespace {
 
 constexpr int kTileKeys = 64;
 constexpr int kBoxCols = 64;  // 128 bytes of 16-bit values: the 128-byte swizzle span
+constexpr int64_t kElemBytes = 2;  // bf16 or fp16 (TmaTensor)
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link).
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -38,14 +39,14 @@ namespace {
 // (shape[3] .. shape[0]) and the given box. A dimension of size 1 gets the stride the dense
 // layout would have (its stride never matters but must be valid). `what` names the tensor in
 // the reason for a refusal.
-bool encode_4d_map(const TensorRef& t, const cuuint32_t (&box)[4], const char* what, CUtensorMap* map,
+bool encode_4d_map(const TmaTensor& t, const cuuint32_t (&box)[4], const char* what, CUtensorMap* map,
                    std::string* why) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
   if (encode == nullptr) {
     *why = "cuTensorMapEncodeTiled is not available from the driver";
     return false;
   }
-  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  const int64_t elem = kElemBytes;
   cuuint64_t dims[4] = {static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[2]),
                         static_cast<cuuint64_t>(t.shape[1]), static_cast<cuuint64_t>(t.shape[0])};
   int64_t dense = t.shape[3] * elem;
@@ -58,7 +59,7 @@ bool encode_4d_map(const TensorRef& t, const cuuint32_t (&box)[4], const char* w
   }
   cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type =
-      t.dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+      t.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode(map, type, 4, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -72,13 +73,13 @@ bool encode_4d_map(const TensorRef& t, const cuuint32_t (&box)[4], const char* w
 
 }  // namespace
 
-bool make_kv_tensor_map(const TensorRef& kv, int box_rows, CUtensorMap* map, std::string* why) {
+bool make_kv_tensor_map(const TmaTensor& kv, int box_rows, CUtensorMap* map, std::string* why) {
   // dims innermost first: d_qk, h_kv, page, num_blocks.
   const cuuint32_t box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows), 1};
   return encode_4d_map(kv, box, "kv_cache", map, why);
 }
 
-bool make_q_tensor_map(const TensorRef& q, int heads_per_kv, CUtensorMap* map, std::string* why) {
+bool make_q_tensor_map(const TmaTensor& q, int heads_per_kv, CUtensorMap* map, std::string* why) {
   if (heads_per_kv % kBoxCols != 0 && kBoxCols % heads_per_kv != 0) {
     *why = "heads per kv head " + std::to_string(heads_per_kv) + " neither divides nor is a multiple of 64";
     return false;
@@ -90,9 +91,8 @@ bool make_q_tensor_map(const TensorRef& q, int heads_per_kv, CUtensorMap* map, s
   return encode_4d_map(q, box, "q", map, why);
 }
 
-bool make_sparse_prefill_q_tensor_map(const TensorRef& q, CUtensorMap* map, std::string* why) {
-  TensorRef view = q;  // [s_q, h_q, d_qk] -> [s_q, 1, h_q, d_qk]
-  view.rank = 4;
+bool make_sparse_prefill_q_tensor_map(const TmaTensor& q, CUtensorMap* map, std::string* why) {
+  TmaTensor view = q;  // [s_q, h_q, d_qk] -> [s_q, 1, h_q, d_qk]
   view.shape[0] = q.shape[0];
   view.shape[1] = 1;
   view.shape[2] = q.shape[1];

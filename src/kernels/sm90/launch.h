@@ -8,9 +8,19 @@
 #include <string>
 
 #include "kernels/mla_decode_params.h"
-#include "mlakit/tensor.h"
 
 namespace mlakit::detail {
+
+// A bf16 / fp16 tensor (2-byte elements) as the tensor-map encoders below read it, in plain
+// data: the dispatch builds it from the public TensorRef (dispatch/tma_tensor.h), so the
+// kernel layer needs no public header. Sizes and strides (in elements) outermost first; a 3D
+// tensor leaves index 3 unused.
+struct TmaTensor {
+  void* data = nullptr;
+  bool bf16 = true;  // else fp16
+  int64_t shape[4] = {};
+  int64_t stride[4] = {};
+};
 
 // Rows per TMA box for a page size: 64-key tiles are loaded as whole 64-row boxes when the
 // page is a multiple of 64, as 64 / page boxes when page is 16 or 32; 0 = not supported by
@@ -19,25 +29,25 @@ int sm90_box_rows(int64_t page_size);
 
 // 4D map {d_qk, h_kv, page, num_blocks} over the cache, box {64, 1, box_rows, 1}, 128-byte
 // swizzle. False (with the driver's reason) when the driver rejects it.
-bool make_kv_tensor_map(const TensorRef& kv_cache, int box_rows, CUtensorMap* map, std::string* why);
+bool make_kv_tensor_map(const TmaTensor& kv_cache, int box_rows, CUtensorMap* map, std::string* why);
 
 // 4D map {d_qk, h_q, s_q, b} over q [b, s_q, h_q, d_qk], box {64, heads, tokens, 1} covering one
 // 64-row tile of packed rows (heads = min(heads_per_kv, 64), tokens = 64 / heads), 128-byte
 // swizzle. False (with the reason) when heads_per_kv is neither a multiple nor a divisor of
 // 64 (a tile's rows are then no box) or the driver rejects the map (strides, alignment).
-bool make_q_tensor_map(const TensorRef& q, int heads_per_kv, CUtensorMap* map, std::string* why);
+bool make_q_tensor_map(const TmaTensor& q, int heads_per_kv, CUtensorMap* map, std::string* why);
 
 // The sparse prefill's q [s_q, h_q, d_qk] as make_q_tensor_map's 4D map {d_qk, h_q, 1, s_q}
 // (token s_q of the map = batch entry of the kernel's scheduled sequences; columns past a
 // d_qk of 512 are zero-filled).
-bool make_sparse_prefill_q_tensor_map(const TensorRef& q, CUtensorMap* map, std::string* why);
+bool make_sparse_prefill_q_tensor_map(const TmaTensor& q, CUtensorMap* map, std::string* why);
 
 // A kernel's by-value tensor-map argument where the map is optional (the kernel also takes a
 // flag saying whether it is set): the map, or an empty one that is never read.
 inline CUtensorMap map_or_empty(const CUtensorMap* map) { return map != nullptr ? *map : CUtensorMap{}; }
 
-// Attention (grid: 64-row tiles x h_kv x num_parts) then the portable combine. q_map: the Q
-// tile by TMA; nullptr: by cp.async.
+// Attention alone (grid: 64-row tiles x h_kv x num_parts); the dispatch starts the combine
+// after it. q_map: the Q tile by TMA; nullptr: by cp.async.
 template <typename Elem>
 cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
                                    const CUtensorMap* q_map, cudaStream_t stream);
@@ -49,7 +59,8 @@ cudaError_t launch_mla_sparse_prefill_sm90(const MlaDecodeParams& params, const 
                                            cudaStream_t stream);
 
 // Sparse FP8 decode (grid: 64-row tiles x 1 x num_parts of the sparse plan): the 656-byte
-// tokens listed by params.indices, dequantized into bf16 tiles; then the portable combine.
+// tokens listed by params.indices, dequantized into bf16 tiles; the dispatch starts the
+// combine after it.
 // q_map (make_q_tensor_map with h_q heads per kv head): the Q tiles by TMA; nullptr: cp.async.
 cudaError_t launch_mla_sparse_decode_sm90(const MlaDecodeParams& params, const CUtensorMap* q_map,
                                           cudaStream_t stream);

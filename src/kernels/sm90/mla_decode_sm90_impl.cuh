@@ -1,7 +1,6 @@
 // Launcher body shared by the per-dtype instantiation files of the Hopper decode.
 #pragma once
 
-#include "kernels/portable/launch.h"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/mla_decode_sm90_kernel.cuh"
 
@@ -19,9 +18,7 @@ cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensor
   dim3 grid(row_tiles, params.h_kv, params.num_parts);
   kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, kv_map, box_rows,
                                                                 map_or_empty(q_map), q_map != nullptr);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  return launch_mla_decode_combine<Elem>(params, stream);
+  return cudaGetLastError();
 }
 
 }  // namespace mlakit::detail

@@ -1,7 +1,7 @@
-// Launcher of the Hopper sparse FP8 decode (q and out bf16, docs/contract.md), then the combine.
+// Launcher of the Hopper sparse FP8 decode (q and out bf16, docs/contract.md); the dispatch
+// starts the combine after it.
 #include <cuda_bf16.h>
 
-#include "kernels/portable/launch.h"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/mla_sparse_decode_sm90_kernel.cuh"
 
@@ -16,9 +16,7 @@ cudaError_t launch_mla_sparse_decode_sm90(const MlaDecodeParams& params, const C
   const int row_tiles = (params.rows + C::kRows - 1) / C::kRows;
   dim3 grid(row_tiles, 1, params.num_parts);
   kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, map_or_empty(q_map), q_map != nullptr);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  return launch_mla_decode_combine<__nv_bfloat16>(params, stream);
+  return cudaGetLastError();
 }
 
 }  // namespace mlakit::detail

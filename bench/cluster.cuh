@@ -1,5 +1,8 @@
 // Hopper thread-block-cluster primitives: CTA rank, cluster barrier, the peer's shared memory
 // (DSMEM) and shared -> peer-shared bulk copies. One small function per PTX instruction.
+// Only bench/cluster_fill_rates.cu uses them (no library kernel runs in clusters), so they
+// live here rather than in src/device/sm90/; the namespace is the device layer's, ready for
+// the day a kernel needs them.
 #pragma once
 
 #include <cstdint>

@@ -6,6 +6,10 @@
 // nothing to do; 0 splits (length 0) -> out 0, lse +inf; n >= 2 -> merge the n normalised
 // partial outputs with weights exp2(lse_s - lse), lse = log2 sum exp2(lse_s). A partial LSE
 // of -inf is an empty state and contributes nothing; NaN (invalid block table) propagates.
+//
+// Shared by both kernel families (the portable and the Hopper attention write the same
+// partials). Its namespace stays `portable`, where it was first written: the kernel's symbol
+// is what profiles and bench/results name.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -3,7 +3,7 @@
 // running it on the device keeps the step free of host synchronisation (CUDA-graph safe).
 #include <cub/block/block_scan.cuh>
 
-#include "kernels/portable/launch.h"
+#include "kernels/schedule/decode_plan_launch.h"
 
 namespace mlakit::detail {
 namespace {
