@@ -16,7 +16,7 @@ inline constexpr int kFp8Tiles = kFp8NopeDim / kFp8Tile;
 inline constexpr int kFp8ScaleOffset = kFp8NopeDim;                      // 4 float32
 inline constexpr int kFp8RopeOffset = kFp8ScaleOffset + 4 * kFp8Tiles;   // 64 bf16
 inline constexpr int kFp8TokenBytes = kFp8RopeOffset + 2 * kFp8RopeDim;  // 656
-static_assert(kFp8TokenBytes == 656, "SPEC section 7");
+static_assert(kFp8TokenBytes == 656, "the FP8 token format of docs/contract.md");
 
 MLAKIT_HD float bf16_bits_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 MLAKIT_HD uint16_t float_to_bf16_bits(float f) {

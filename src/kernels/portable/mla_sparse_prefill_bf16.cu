@@ -1,5 +1,5 @@
 // Launcher of the whole-sequence (no plan) mode of the portable kernel, for the sparse
-// prefill (bf16, the only dtype of SPEC 3).
+// prefill (bf16, its only dtype: docs/contract.md).
 #include <cuda_bf16.h>
 
 #include "kernels/portable/launch.h"
