@@ -307,7 +307,7 @@ int main(int argc, char** argv) {
     MlaDecodePlan plan;
     BENCH_STATUS(mla_decode_plan(problem, d.args.cache_seqlens, workspace.get(), workspace_bytes, stream, &plan,
                                  options));
-    const detail::MlaDecodeParams params = detail::make_decode_params(
+    const detail::DenseDecodeParams params = detail::make_decode_params(
         d.args, plan, detail::resolve_softmax_scale(d.args.softmax_scale, problem.d_qk));
     const int box_rows = detail::sm90_box_rows(bc.page);
     CUtensorMap kv_map;
@@ -317,10 +317,10 @@ int main(int argc, char** argv) {
     }
     CUtensorMap q_map;  // as the library's dispatch: the Q tile by TMA where the map exists
     const CUtensorMap* q_by_tma =
-        detail::make_q_tensor_map(detail::tma_tensor(d.args.q), params.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
-    TracedRun t{.name = bc.name, .row_tiles = (params.rows + 63) / 64, .num_parts = params.num_parts,
-                .block_n = params.block_n};
-    t.ctas = t.row_tiles * params.h_kv * params.num_parts;
+        detail::make_q_tensor_map(detail::tma_tensor(d.args.q), params.core.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
+    TracedRun t{.name = bc.name, .row_tiles = (params.core.rows + 63) / 64, .num_parts = params.schedule.num_parts,
+                .block_n = params.schedule.block_n};
+    t.ctas = t.row_tiles * params.core.h_kv * params.schedule.num_parts;
     bench::DeviceBuffer records, spans;
     const detail::sm90::TimelineBuffer buffer = buffers(t.ctas, &records, &spans);
     trace(flusher, stream, records, [&] { return traced_dense_decode(&params, &kv_map, box_rows, q_by_tma, &buffer, stream); },
@@ -341,17 +341,17 @@ int main(int argc, char** argv) {
     MlaDecodePlan plan;
     BENCH_STATUS(mla_sparse_decode_plan(d.problem, TensorRef{}, workspace.get(), workspace_bytes, stream, &plan));
     const detail::SeqLengths lengths{nullptr, c.topk, c.s_q, c.topk};
-    const detail::MlaDecodeParams params = detail::make_sparse_decode_params(
+    const detail::SparseDecodeParams params = detail::make_sparse_decode_params(
         d.args, plan, lengths, detail::resolve_softmax_scale(d.args.softmax_scale, 576));
-    TracedRun t{.name = c.name, .row_tiles = (params.rows + 63) / 64, .num_parts = params.num_parts,
-                .block_n = params.block_n};
-    t.ctas = t.row_tiles * params.num_parts;
+    TracedRun t{.name = c.name, .row_tiles = (params.core.rows + 63) / 64, .num_parts = params.schedule.num_parts,
+                .block_n = params.schedule.block_n};
+    t.ctas = t.row_tiles * params.schedule.num_parts;
     bench::DeviceBuffer records, spans;
     const detail::sm90::TimelineBuffer buffer = buffers(t.ctas, &records, &spans);
     CUtensorMap q_map;  // as the library's dispatch
     std::string why;
     const CUtensorMap* q_by_tma =
-        detail::make_q_tensor_map(detail::tma_tensor(d.args.q), params.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
+        detail::make_q_tensor_map(detail::tma_tensor(d.args.q), params.core.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
     trace(flusher, stream, records, [&] { return traced_sparse_decode(&params, q_by_tma, &buffer, stream); }, &t.ms);
     t.raw = records.download<uint64_t>();
     t.span = spans.download<uint64_t>();

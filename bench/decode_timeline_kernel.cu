@@ -20,23 +20,22 @@ using C = d::sm90::Sm90DecodeConfig;
 
 // Copies `timeline` (TimelineBuffer) to the kernels' global and lets `kernel` have the decode's
 // shared memory; the grid of `params`: (row tiles, h_kv, parts).
-template <typename Kernel>
-cudaError_t prepare(Kernel kernel, const d::MlaDecodeParams& p, const void* timeline, cudaStream_t stream,
-                    dim3* grid) {
+template <typename Kernel, typename Params>
+cudaError_t prepare(Kernel kernel, const Params& p, const void* timeline, cudaStream_t stream, dim3* grid) {
   cudaError_t err = cudaMemcpyToSymbolAsync(d::sm90::g_timeline, timeline, sizeof(d::sm90::TimelineBuffer), 0,
                                             cudaMemcpyHostToDevice, stream);
   if (err != cudaSuccess) return err;
-  *grid = dim3((p.rows + C::kRows - 1) / C::kRows, p.h_kv, p.num_parts);
+  *grid = dim3((p.core.rows + C::kRows - 1) / C::kRows, p.core.h_kv, p.schedule.num_parts);
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, d::sm90::kSm90SmemBytes);
 }
 
 }  // namespace
 
-// Launches the traced bf16 kernel (no combine) on `stream` with `params` (MlaDecodeParams)
+// Launches the traced bf16 kernel (no combine) on `stream` with `params` (DenseDecodeParams)
 // and `timeline` (TimelineBuffer, copied to the kernel's global before the launch).
 extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap* kv_map, int box_rows,
                                            const CUtensorMap* q_map, const void* timeline, cudaStream_t stream) {
-  const auto& p = *static_cast<const d::MlaDecodeParams*>(params);
+  const auto& p = *static_cast<const d::DenseDecodeParams*>(params);
   auto kernel = &d::sm90::mla_decode_sm90_kernel<__nv_bfloat16>;
   dim3 grid;
   const cudaError_t err = prepare(kernel, p, timeline, stream, &grid);
@@ -49,7 +48,7 @@ extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap
 // The same for the sparse FP8 decode (params of make_sparse_decode_params; h_kv 1).
 extern "C" cudaError_t traced_sparse_decode(const void* params, const CUtensorMap* q_map, const void* timeline,
                                             cudaStream_t stream) {
-  const auto& p = *static_cast<const d::MlaDecodeParams*>(params);
+  const auto& p = *static_cast<const d::SparseDecodeParams*>(params);
   auto kernel = &d::sm90::mla_sparse_decode_sm90_kernel;
   dim3 grid;
   const cudaError_t err = prepare(kernel, p, timeline, stream, &grid);

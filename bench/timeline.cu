@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   args.max_logits = mlakit::make_tensor(max_logits, mlakit::DType::kFP32, {s_q, h_q});
   args.lse = mlakit::make_tensor(lse, mlakit::DType::kFP32, {s_q, h_q});
   const mlakit::detail::SparsePrefillShape shape{s_q, s_kv, h_q, kDqk, kTopk};
-  const mlakit::detail::MlaDecodeParams params =
+  const mlakit::detail::SparsePrefillParams params =
       mlakit::detail::sparse_prefill_params(args, shape, 1.f / std::sqrt(static_cast<float>(kDqk)));
 
   // Trace CTAs of the middle of the grid: every SM is busy and the L2 is warm.

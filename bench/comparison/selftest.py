@@ -140,7 +140,7 @@ def test_kernel_names() -> None:
         "void flash::flash_fwd_mla_combine_kernel<cutlass::bfloat16_t, 512>(Flash_fwd_mla_params)": "combine",
         "get_mla_metadata_kernel(Mla_metadata_params)": "plan",
         "void mlakit::detail::decode_plan_kernel(mlakit::detail::SeqLengths, long)": "plan",
-        "void mlakit::detail::mla_decode_sm90_kernel<(anon)::Cfg>(mlakit::detail::MlaDecodeParams)": "main",
+        "void mlakit::detail::mla_decode_sm90_kernel<(anon)::Cfg>(mlakit::detail::DenseDecodeParams)": "main",
         "Memset (Device)": "other",
     }
     got = {raw: timing.bucket(timing.short_name(raw)) for raw in names}

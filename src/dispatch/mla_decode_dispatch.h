@@ -3,7 +3,7 @@
 // The sparse FP8 decode's: mla_sparse_decode_dispatch.h.
 #pragma once
 
-#include "kernels/mla_decode_params.h"
+#include "kernels/mla_params.h"
 #include "mlakit/mla_decode.h"
 
 namespace mlakit::detail {
@@ -14,7 +14,7 @@ Status dispatch_decode_plan(const MlaDecodePlan& plan, const int32_t* cache_seql
 
 // Kernel parameters of validated dense-decode arguments and their plan (mlakit-decode-timeline
 // launches its traced copy of the Hopper kernel with them too).
-MlaDecodeParams make_decode_params(const MlaDecodeArgs& args, const MlaDecodePlan& plan, float softmax_scale);
+DenseDecodeParams make_decode_params(const MlaDecodeArgs& args, const MlaDecodePlan& plan, float softmax_scale);
 
 // Launches attention + combine for validated arguments.
 Status dispatch_mla_decode(const MlaDecodeArgs& args, const MlaDecodePlan& plan,

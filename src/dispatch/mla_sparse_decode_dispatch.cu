@@ -17,53 +17,57 @@ Status dispatch_sparse_decode_plan(const MlaDecodePlan& plan, const SeqLengths& 
   return cuda_status("mla_decode_plan", launch_plan(plan, lengths, stream));
 }
 
-MlaDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& a, const MlaDecodePlan& plan,
-                                          const SeqLengths& lengths, float softmax_scale) {
+SparseDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& a, const MlaDecodePlan& plan,
+                                             const SeqLengths& lengths, float softmax_scale) {
   // One scheduled sequence per (batch entry, query token): rows = the h_q heads of one token.
   const MlaDecodeProblem& pr = plan.problem;
-  MlaDecodeParams params{
-      .kv = a.kv_cache.data,
-      .lengths = lengths,
-      .kv_stride_block = a.kv_cache.stride[0],
-      .kv_stride_page = a.kv_cache.stride[1],
-      .b = pr.b,
-      .s_q = 1,
-      .h_q = pr.h_q,
-      .h_kv = 1,
-      .heads_per_kv = pr.h_q,
-      .rows = pr.h_q,
-      .page_size = static_cast<int>(a.kv_cache.shape[1]),
-      .num_blocks = a.kv_cache.shape[0],
-      .scale_log2 = softmax_scale * static_cast<float>(kLog2e),
-      .causal = false,
-      .seq_divisor = static_cast<int>(a.q.shape[1]),
-      .indices = static_cast<const int32_t*>(a.indices.data),
-      .indices_stride_b = a.indices.stride[0],
-      .indices_stride_s = a.indices.stride[1],
-      .attn_sink = a.attn_sink.empty() ? nullptr : static_cast<const float*>(a.attn_sink.data),
-      .slot_limit = sparse_slot_limit(a.kv_cache.shape[0], static_cast<int>(a.kv_cache.shape[1])),
-      .page_divisor = FastDivisor(static_cast<uint32_t>(a.kv_cache.shape[1])),
+  SparseDecodeParams params{
+      .core =
+          {
+              .lengths = lengths,
+              .b = pr.b,
+              .s_q = 1,
+              .h_q = pr.h_q,
+              .h_kv = 1,
+              .heads_per_kv = pr.h_q,
+              .rows = pr.h_q,
+              .scale_log2 = softmax_scale * static_cast<float>(kLog2e),
+              .causal = false,
+              .seq_divisor = static_cast<int>(a.q.shape[1]),
+              .attn_sink = a.attn_sink.empty() ? nullptr : static_cast<const float*>(a.attn_sink.data),
+          },
+      .keys =
+          {
+              .kv = a.kv_cache.data,
+              .kv_stride_block = a.kv_cache.stride[0],
+              .kv_stride_page = a.kv_cache.stride[1],
+              .indices = static_cast<const int32_t*>(a.indices.data),
+              .indices_stride_b = a.indices.stride[0],
+              .indices_stride_s = a.indices.stride[1],
+              .slot_limit = sparse_slot_limit(a.kv_cache.shape[0], static_cast<int>(a.kv_cache.shape[1])),
+              .page_divisor = FastDivisor(static_cast<uint32_t>(a.kv_cache.shape[1])),
+          },
+      .schedule = plan_schedule(plan),
   };
-  attach_plan(plan, &params);
-  attach_io(a.q, a.out, a.lse, &params);
+  attach_io(a.q, a.out, a.lse, &params.core);
   return params;
 }
 
 Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodePlan& plan, const SeqLengths& lengths,
                                   float softmax_scale, cudaStream_t stream) {
-  const MlaDecodeParams params = make_sparse_decode_params(a, plan, lengths, softmax_scale);
+  const SparseDecodeParams params = make_sparse_decode_params(a, plan, lengths, softmax_scale);
   // The plan's kernel: its layout (rows per tile, parts) was made for that kernel.
   if (plan.kernel == MlaDecodeKernel::kSm90) {
     CUtensorMap q_map;
     std::string why;  // no map (unaligned q): the consumers copy Q by cp.async
     const CUtensorMap* q_by_tma =
-        make_q_tensor_map(tma_tensor(a.q), params.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
+        make_q_tensor_map(tma_tensor(a.q), params.core.heads_per_kv, &q_map, &why) ? &q_map : nullptr;
     return cuda_status("mla_sparse_decode_fp8",
                        with_combine<__nv_bfloat16>(launch_mla_sparse_decode_sm90(params, q_by_tma, stream), params,
                                                    stream));
   }
   return cuda_status("mla_sparse_decode_fp8",
-                     with_combine<__nv_bfloat16>(launch_mla_decode_portable<__nv_bfloat16>(params, stream), params,
+                     with_combine<__nv_bfloat16>(launch_mla_sparse_decode_portable(params, stream), params,
                                                  stream));
 }
 

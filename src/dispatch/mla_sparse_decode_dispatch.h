@@ -5,7 +5,7 @@
 #pragma once
 
 #include "common/decode_schedule.h"
-#include "kernels/mla_decode_params.h"
+#include "kernels/mla_params.h"
 #include "mlakit/mla_decode.h"
 #include "mlakit/mla_sparse_decode.h"
 
@@ -15,7 +15,7 @@ Status dispatch_sparse_decode_plan(const MlaDecodePlan& plan, const SeqLengths& 
 
 // The kernel parameters (mlakit-decode-timeline launches its traced copy of the Hopper kernel
 // with them too).
-MlaDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& args, const MlaDecodePlan& plan,
+SparseDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& args, const MlaDecodePlan& plan,
                                           const SeqLengths& lengths, float softmax_scale);
 
 Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& args, const MlaDecodePlan& plan, const SeqLengths& lengths,

@@ -15,14 +15,14 @@ namespace mlakit::detail {
 
 Status dispatch_mla_sparse_prefill(const MlaSparsePrefillArgs& a, const SparsePrefillShape& shape, float sm_scale,
                                    MlaDecodeKernel kernel, cudaStream_t stream) {
-  const MlaDecodeParams params = sparse_prefill_params(a, shape, sm_scale);
+  const SparsePrefillParams params = sparse_prefill_params(a, shape, sm_scale);
   if (kernel == MlaDecodeKernel::kSm90) {
     CUtensorMap q_map;
     std::string why;  // no map (unaligned q): the consumers copy Q by cp.async
     const CUtensorMap* q_by_tma = make_sparse_prefill_q_tensor_map(tma_tensor(a.q), &q_map, &why) ? &q_map : nullptr;
-    return cuda_status("mla_sparse_prefill", launch_mla_sparse_prefill_sm90<__nv_bfloat16>(params, q_by_tma, stream));
+    return cuda_status("mla_sparse_prefill", launch_mla_sparse_prefill_sm90(params, q_by_tma, stream));
   }
-  return cuda_status("mla_sparse_prefill", launch_mla_portable_whole_sequence<__nv_bfloat16>(params, stream));
+  return cuda_status("mla_sparse_prefill", launch_mla_sparse_prefill_portable(params, stream));
 }
 
 }  // namespace mlakit::detail

@@ -10,7 +10,7 @@
 
 #include "common/decode_schedule.h"
 #include "kernels/combine/mla_decode_combine_launch.h"
-#include "kernels/mla_decode_params.h"
+#include "kernels/mla_params.h"
 #include "kernels/schedule/decode_plan_launch.h"
 #include "mlakit/mla_decode.h"
 
@@ -36,19 +36,21 @@ inline cudaError_t launch_plan(const MlaDecodePlan& plan, const SeqLengths& leng
 
 // What every planned launch takes from its plan: the workspace regions (schedule, partial
 // results) and the schedule's shape.
-inline void attach_plan(const MlaDecodePlan& plan, MlaDecodeParams* p) {
-  p->part_ranges = region<const PartRange>(plan, plan.part_ranges_offset);
-  p->split_prefix = region<const int32_t>(plan, plan.split_prefix_offset);
-  p->partial_prefix = region<const int32_t>(plan, plan.partial_prefix_offset);
-  p->partial_out = region<float>(plan, plan.partial_out_offset);
-  p->partial_lse = region<float>(plan, plan.partial_lse_offset);
-  p->block_n = plan.block_n;
-  p->num_parts = plan.num_parts;
-  p->no_splits = plan.no_splits;  // the combine then launches nothing
+inline SplitSchedule plan_schedule(const MlaDecodePlan& plan) {
+  return SplitSchedule{
+      .part_ranges = region<const PartRange>(plan, plan.part_ranges_offset),
+      .split_prefix = region<const int32_t>(plan, plan.split_prefix_offset),
+      .partial_prefix = region<const int32_t>(plan, plan.partial_prefix_offset),
+      .partial_out = region<float>(plan, plan.partial_out_offset),
+      .partial_lse = region<float>(plan, plan.partial_lse_offset),
+      .block_n = plan.block_n,
+      .num_parts = plan.num_parts,
+      .no_splits = plan.no_splits,  // the combine then launches nothing
+  };
 }
 
 // q / out [b, s_q, h_q, d] and lse [b, h_q, s_q], as both decodes take them.
-inline void attach_io(const TensorRef& q, const TensorRef& out, const TensorRef& lse, MlaDecodeParams* p) {
+inline void attach_io(const TensorRef& q, const TensorRef& out, const TensorRef& lse, AttentionCore* p) {
   p->q = q.data;
   p->out = out.data;
   p->lse = static_cast<float*>(lse.data);
@@ -67,10 +69,10 @@ inline void attach_io(const TensorRef& q, const TensorRef& out, const TensorRef&
 // (stream order makes it read the attention kernel's partials; it launches nothing for a plan
 // with no_splits). Used as with_combine<Elem>(launch_...(params, ...), params, stream), so the
 // attention is launched first; its error, if any, is returned and the combine not launched.
-template <typename Elem>
-cudaError_t with_combine(cudaError_t attention, const MlaDecodeParams& params, cudaStream_t stream) {
+template <typename Elem, typename PlannedParams>
+cudaError_t with_combine(cudaError_t attention, const PlannedParams& params, cudaStream_t stream) {
   if (attention != cudaSuccess) return attention;
-  return launch_mla_decode_combine<Elem>(params, stream);
+  return launch_mla_decode_combine<Elem>(CombineParams{params.core, params.schedule}, stream);
 }
 
 }  // namespace mlakit::detail

@@ -1,9 +1,9 @@
 // How the sparse kernels turn a listed slot into a cache row: FastDivisor
 // (common/fast_divisor.h), whose multiply-shift quotient must equal n / d over the whole
 // documented range (the same code the device runs: MLAKIT_HD, __umulhi's host twin), and
-// sparse_slot_limit (kernels/mla_decode_params.h), the bound of the valid slots.
+// sparse_slot_limit (kernels/mla_params.h), the bound of the valid slots.
 #include "common/fast_divisor.h"
-#include "kernels/mla_decode_params.h"
+#include "kernels/mla_params.h"
 
 #include <gtest/gtest.h>
 

@@ -18,7 +18,7 @@
 
 #include "device/numeric.cuh"
 #include "kernels/decode_rows.cuh"
-#include "kernels/mla_decode_params.h"
+#include "kernels/mla_params.h"
 
 namespace mlakit::detail::portable {
 
@@ -41,20 +41,22 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 template <typename Elem>
 __global__ void __launch_bounds__(CombineConfig::kThreads)
-    mla_decode_combine_kernel(const __grid_constant__ MlaDecodeParams p) {
+    mla_decode_combine_kernel(const __grid_constant__ CombineParams params) {
   using C = CombineConfig;
   using Ops = device::ElemOps<Elem>;
+  const AttentionCore& p = params.core;
+  const SplitSchedule& schedule = params.schedule;
   const int seq = blockIdx.x, hk = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int splits = p.split_prefix[seq + 1] - p.split_prefix[seq];
+  const int splits = schedule.split_prefix[seq + 1] - schedule.split_prefix[seq];
   if (splits == 1) return;
-  const int slot0 = p.partial_prefix[seq];
+  const int slot0 = schedule.partial_prefix[seq];
 
   for (int row = blockIdx.z * C::kWarps + warp; row < p.rows; row += gridDim.z * C::kWarps) {
     const int t = row / p.heads_per_kv;
     const int head = hk * p.heads_per_kv + row % p.heads_per_kv;
     auto lse_of = [&](int s) {
-      return p.partial_lse[(static_cast<int64_t>(slot0 + s) * p.h_kv + hk) * p.rows + row];
+      return schedule.partial_lse[(static_cast<int64_t>(slot0 + s) * p.h_kv + hk) * p.rows + row];
     };
     float max_lse = -INFINITY;
     bool has_nan = false;
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(CombineConfig::kThreads)
         if (!isfinite(v)) continue;
         const float w = exp2f(v - max_lse) / sum;
         const float* src =
-            p.partial_out + ((static_cast<int64_t>(slot0 + s) * p.h_kv + hk) * p.rows + row) * C::kDv;
+            schedule.partial_out + ((static_cast<int64_t>(slot0 + s) * p.h_kv + hk) * p.rows + row) * C::kDv;
 #pragma unroll
         for (int i = 0; i < C::kValuesPerLane / 4; ++i) {
           float4 x = *reinterpret_cast<const float4*>(src + 128 * i + 4 * lane);

@@ -4,14 +4,14 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/mla_decode_params.h"
+#include "kernels/mla_params.h"
 
 namespace mlakit::detail {
 
 // Merges the partial results of split sequences and writes empty sequences (0, +inf);
-// launches nothing when params.no_splits (no split, no empty sequence). Elem: __nv_bfloat16
-// or __half.
+// launches nothing when params.schedule.no_splits (no split, no empty sequence). Elem:
+// __nv_bfloat16 or __half.
 template <typename Elem>
-cudaError_t launch_mla_decode_combine(const MlaDecodeParams& params, cudaStream_t stream);
+cudaError_t launch_mla_decode_combine(const CombineParams& params, cudaStream_t stream);
 
 }  // namespace mlakit::detail

@@ -1,25 +1,29 @@
-// Launchers of the portable (sm80+) attention kernels: the split-KV decode (per-dtype
-// instantiations in mla_decode_portable_{bf16,fp16}.cu) and the whole-sequence mode of the
-// sparse prefill (mla_sparse_prefill_bf16.cu). The planner and the combine both kernel
-// families share are in kernels/schedule/ and kernels/combine/; the dispatch starts them.
+// Launchers of the portable (sm80+) attention kernels: the split-KV dense decode (per-dtype
+// instantiations in mla_decode_portable_{bf16,fp16}.cu), the split-KV sparse FP8 decode
+// (mla_sparse_decode_portable.cu) and the whole-sequence mode of the sparse prefill
+// (mla_sparse_prefill_bf16.cu). The planner and the combine both kernel families share are in
+// kernels/schedule/ and kernels/combine/; the dispatch starts them.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "kernels/mla_decode_params.h"
+#include "kernels/mla_params.h"
 
 namespace mlakit::detail {
 
-// Attention alone (grid: 32-row tiles x h_kv x num_parts); the dispatch starts the combine
-// after it. Elem: __nv_bfloat16 or __half. Runs with a plan of any kernel family (the
-// schedule does not depend on the tiling).
+// Dense decode attention alone (grid: 32-row tiles x h_kv x num_parts); the dispatch starts
+// the combine after it. Elem: __nv_bfloat16 or __half. Runs with a plan of any kernel family
+// (the schedule does not depend on the tiling).
 template <typename Elem>
-cudaError_t launch_mla_decode_portable(const MlaDecodeParams& params, cudaStream_t stream);
+cudaError_t launch_mla_decode_portable(const DenseDecodeParams& params, cudaStream_t stream);
 
-// Attention without a plan (the sparse prefill): grid (b * row tiles, h_kv), each CTA one
+// Sparse FP8 decode attention alone (bf16; grid and plan as the dense decode's); the dispatch
+// starts the combine after it.
+cudaError_t launch_mla_sparse_decode_portable(const SparseDecodeParams& params, cudaStream_t stream);
+
+// Sparse prefill attention, without a plan (bf16): grid (b * row tiles, h_kv), each CTA one
 // row tile of one sequence over all of its keys, final rows written directly; no workspace,
-// no combine. The caller keeps b * row tiles <= 2^31 - 1. Instantiated for bf16.
-template <typename Elem>
-cudaError_t launch_mla_portable_whole_sequence(const MlaDecodeParams& params, cudaStream_t stream);
+// no combine. The caller keeps b * row tiles <= 2^31 - 1.
+cudaError_t launch_mla_sparse_prefill_portable(const SparsePrefillParams& params, cudaStream_t stream);
 
 }  // namespace mlakit::detail

@@ -1,6 +1,8 @@
-// Portable split-KV dense MLA decode kernel (any CUDA GPU of sm80 or newer).
+// Portable MLA attention kernel (any CUDA GPU of sm80 or newer): the split-KV dense and
+// sparse FP8 decodes and the sparse prefill, one template over the operation's parameters
+// (kernels/mla_params.h).
 //
-// The correctness path and second reference for the Hopper kernel; it must be right on every
+// The correctness path and second reference for the Hopper kernels; it must be right on every
 // input, and reasonably fast through tensor-core mma.sync.
 //
 // Grid: (row tiles, h_kv, num_parts). A CTA owns kRows query rows of one kv head and walks
@@ -10,13 +12,14 @@
 // combine kernel merges. The whole-sequence entry (sparse prefill) has no planner: CTA
 // (sequence * row tiles + tile, kv head) runs the whole sequence and writes final rows.
 //
-// Keys come from one of three sources (a runtime branch per tile, outside the inner loops):
-// dense paged (position -> block table), sparse FP8 (position -> indices -> 656-byte token,
-// dequantized) and sparse rows (position -> indices -> row in q's dtype, the prefill's kv).
+// The params type picks the key source at compile time: DenseDecodeParams, paged
+// (position -> block table); SparseDecodeParams, FP8 tokens (position -> indices -> 656-byte
+// token, dequantized); SparsePrefillParams, rows (position -> indices -> row in q's dtype).
 //
 // Warps: 8, no specialisation. Per key tile of kKeys keys:
-//   1. threads 0..kKeys-1 translate key positions to cache offsets through the block table
-//      (unused or invalid slots are never dereferenced: their rows are zero-filled);
+//   1. threads 0..kKeys-1 translate key positions to key row offsets through the block table
+//      or the index list (unused or invalid slots are never dereferenced: their rows are
+//      zero-filled);
 //   2. all threads copy the key rows into shared memory (cp.async, 16 B);
 //   3. S = Q K^T: warp w computes the 16x8 tile (rows 16*(w/4), keys 8*(w%4)) over d_qk;
 //   4. online softmax on S in shared memory, 8 threads per row, P stored as Elem;
@@ -30,6 +33,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/decode_schedule.h"
 #include "common/fp8_cache_row.h"
@@ -37,7 +41,7 @@
 #include "device/mma_sm80.cuh"
 #include "device/numeric.cuh"
 #include "kernels/decode_rows.cuh"
-#include "kernels/mla_decode_params.h"
+#include "kernels/mla_params.h"
 
 namespace mlakit::detail::portable {
 
@@ -85,23 +89,35 @@ struct DecodeSmem {
 // run_segment's `partial_slot` for a segment that is the whole sequence: final rows.
 inline constexpr int kFinalOutput = -1;
 
-template <typename Elem>
+// The key source of an operation's params type (kernels/mla_params.h).
+template <typename Params>
+inline constexpr bool kPagedKeys = std::is_same_v<Params, DenseDecodeParams>;   // block table
+template <typename Params>
+inline constexpr bool kFp8Keys = std::is_same_v<Params, SparseDecodeParams>;    // listed FP8 tokens
+template <typename Params>
+inline constexpr bool kRowKeys = std::is_same_v<Params, SparsePrefillParams>;   // listed Elem rows
+
+// Params: DenseDecodeParams, SparseDecodeParams (Elem bf16) or SparsePrefillParams.
+template <typename Elem, typename Params>
 class DecodeCta {
   using C = DecodeConfig;
   using Ops = device::ElemOps<Elem>;
+  static_assert(kPagedKeys<Params> || kFp8Keys<Params> || kRowKeys<Params>, "an operation's params type");
+  static_assert(!kFp8Keys<Params> || std::is_same_v<Elem, __nv_bfloat16>, "FP8 tokens dequantize to bf16");
 
  public:
   // Row tile `tile` (rows tile * kRows ..) of kv head `hk`.
-  __device__ DecodeCta(const MlaDecodeParams& p, DecodeSmem<Elem>& sm, int tile, int hk)
-      : p_(p), sm_(sm), tid_(threadIdx.x), warp_(threadIdx.x / 32), lane_(threadIdx.x % 32),
+  __device__ DecodeCta(const Params& p, DecodeSmem<Elem>& sm, int tile, int hk)
+      : p_(p), c_(p.core), sm_(sm), tid_(threadIdx.x), warp_(threadIdx.x / 32), lane_(threadIdx.x % 32),
         tile_(tile), hk_(hk) {}
 
   // Attention of this CTA's rows over keys [key_begin, key_end) of sequence `seq`; the result
-  // goes to `out`/`lse` (partial_slot == kFinalOutput) or to that partial-result slot.
+  // goes to `out`/`lse` (partial_slot == kFinalOutput) or to that partial-result slot (planned
+  // operations only: without a plan every segment is a whole sequence, written as final rows).
   __device__ void run_segment(int seq, int L, int key_begin, int key_end, int partial_slot) {
     load_q_and_limits(seq, L);
     reset_state();
-    const int tiles_end = tile_keys_end(p_, hk_, tile_ * C::kRows, C::kRows, L, key_end);
+    const int tiles_end = tile_keys_end(c_, hk_, tile_ * C::kRows, C::kRows, L, key_end);
     for (int k0 = key_begin; k0 < tiles_end; k0 += C::kKeys) {
       load_keys(seq, k0, key_end);
       compute_scores();
@@ -113,33 +129,37 @@ class DecodeCta {
     }
     finish_rows();
     __syncthreads();
-    if (partial_slot == kFinalOutput) {
-      store_final(seq);
+    if constexpr (Params::kPlanned) {
+      if (partial_slot == kFinalOutput) {
+        store_final(seq);
+      } else {
+        store_partial(partial_slot);
+      }
     } else {
-      store_partial(partial_slot);
+      store_final(seq);
     }
     __syncthreads();
   }
 
  private:
   __device__ void load_q_and_limits(int seq, int L) {
-    const Elem* q = static_cast<const Elem*>(p_.q);
-    const int stored_chunks = p_.d_qk / C::kChunk;  // columns past d_qk stay zero
+    const Elem* q = static_cast<const Elem*>(c_.q);
+    const int stored_chunks = c_.d_qk / C::kChunk;  // columns past d_qk stay zero
     for (int c = tid_; c < C::kRows * C::kChunksPerRow; c += C::kThreads) {
       int r = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
       int row = tile_ * C::kRows + r;
       Elem* dst = &sm_.q[r][chunk * C::kChunk];
-      if (row < p_.rows && chunk < stored_chunks) {
-        RowCoord rc = row_coord(p_, hk_, row);
-        device::cp_async_16(dst, q + seq_offset(p_, seq, p_.q_stride_b, p_.q_stride_s) + rc.t * p_.q_stride_s +
-                                     rc.head * p_.q_stride_h + chunk * C::kChunk);
+      if (row < c_.rows && chunk < stored_chunks) {
+        RowCoord rc = row_coord(c_, hk_, row);
+        device::cp_async_16(dst, q + seq_offset(c_, seq, c_.q_stride_b, c_.q_stride_s) + rc.t * c_.q_stride_s +
+                                     rc.head * c_.q_stride_h + chunk * C::kChunk);
       } else {
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
       }
     }
     if (tid_ < C::kRows) {
-      int row = min(tile_ * C::kRows + tid_, p_.rows - 1);
-      sm_.row_limit[tid_] = visible_keys(p_, L, row_coord(p_, hk_, row).t);
+      int row = min(tile_ * C::kRows + tid_, c_.rows - 1);
+      sm_.row_limit[tid_] = visible_keys(c_, L, row_coord(c_, hk_, row).t);
     }
     if (tid_ == 0) sm_.bad = 0;
     device::cp_async_wait_all();
@@ -155,39 +175,57 @@ class DecodeCta {
   }
 
   // Steps 1-2 of a key tile: threads 0..kKeys-1 find each key's row (key_offset, -1: none,
-  // zero-filled and masked in the softmax, never read), then all threads fill the K tile.
+  // zero-filled and masked in the softmax, never read), then all threads fill the K tile:
+  // FP8 tokens dequantized (sparse decode), rows in Elem copied (dense decode, prefill).
   __device__ void load_keys(int seq, int k0, int key_end) {
     if (tid_ < C::kKeys) {
       const int pos = k0 + tid_;
-      sm_.key_offset[tid_] = pos >= key_end            ? int64_t{-1}
-                             : p_.indices != nullptr ? listed_key_offset(p_, seq, pos)
-                                                     : paged_key_offset(seq, pos);
+      sm_.key_offset[tid_] = pos >= key_end ? int64_t{-1} : locate_key(seq, pos);
     }
     __syncthreads();
-    if (p_.indices != nullptr && p_.sparse_key_format == SparseKeyFormat::kFp8WithScale) {
+    if constexpr (kFp8Keys<Params>) {
       dequantize_fp8_keys();
     } else {
       copy_keys();
     }
   }
 
+  // Offset of key `pos` of sequence `seq` in the key source (-1: none, never dereferenced).
+  __device__ int64_t locate_key(int seq, int pos) {
+    if constexpr (kPagedKeys<Params>) {
+      return paged_key_offset(seq, pos);
+    } else if constexpr (kFp8Keys<Params>) {
+      return listed_key_offset(c_, p_.keys, seq, pos);
+    } else {
+      return row_slot_offset(p_.keys, listed_slot(c_, p_.keys, seq, pos));
+    }
+  }
+
   // Dense decode: through the block table. An entry outside the table or [0, num_blocks) sets
   // the segment's `bad` flag (reported as NaN rows) and is never dereferenced.
   __device__ int64_t paged_key_offset(int seq, int pos) {
-    const int logical = pos / p_.page_size;
+    const PagedCache& cache = p_.cache;
+    const int logical = pos / cache.page_size;
     const int32_t block =
-        logical < p_.max_blocks_per_seq ? p_.block_table[seq * p_.block_table_stride_b + logical] : -1;
-    if (block < 0 || block >= p_.num_blocks) {
+        logical < cache.max_blocks_per_seq ? cache.block_table[seq * cache.block_table_stride_b + logical] : -1;
+    if (block < 0 || block >= cache.num_blocks) {
       sm_.bad = 1;
       return -1;
     }
-    return block * p_.kv_stride_block + (pos % p_.page_size) * p_.kv_stride_page + hk_ * p_.kv_stride_h;
+    return block * cache.kv_stride_block + (pos % cache.page_size) * cache.kv_stride_page + hk_ * cache.kv_stride_h;
   }
 
-  // Rows stored in Elem: 16-byte cp.async of the first d_qk columns, zeros elsewhere.
+  // Rows stored in Elem (dense decode: the paged cache; prefill: the listed rows): 16-byte
+  // cp.async of the first d_qk columns, zeros elsewhere.
   __device__ void copy_keys() {
-    const Elem* kv = static_cast<const Elem*>(p_.kv);
-    const int stored_chunks = p_.d_qk / C::kChunk;
+    const void* source;
+    if constexpr (kPagedKeys<Params>) {
+      source = p_.cache.kv;
+    } else {
+      source = p_.keys.kv;
+    }
+    const Elem* kv = static_cast<const Elem*>(source);
+    const int stored_chunks = c_.d_qk / C::kChunk;
     for (int c = tid_; c < C::kKeys * C::kChunksPerRow; c += C::kThreads) {
       const int key = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
       Elem* dst = &sm_.k[key][chunk * C::kChunk];
@@ -205,7 +243,7 @@ class DecodeCta {
   // Sparse FP8 decode: valid tokens are dequantized from the 656-byte format into the bf16 K
   // tile (common/fp8_cache_row.h, the same arithmetic as the reference).
   __device__ void dequantize_fp8_keys() {
-    const uint8_t* cache = static_cast<const uint8_t*>(p_.kv);
+    const uint8_t* cache = static_cast<const uint8_t*>(p_.keys.kv);
     constexpr int kNopeChunks = kFp8NopeDim / C::kChunk;
     for (int c = tid_; c < C::kKeys * C::kChunksPerRow; c += C::kThreads) {
       const int key = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
@@ -266,7 +304,7 @@ class DecodeCta {
     for (int j = 0; j < C::kColsPerSoftmaxThread; ++j) {
       int pos = k0 + col0 + j;
       // Keys never loaded (past the segment, invalid sparse slots) are masked, not just zero.
-      v[j] = pos < limit && sm_.key_offset[col0 + j] >= 0 ? sm_.s[r][col0 + j] * p_.scale_log2 : -INFINITY;
+      v[j] = pos < limit && sm_.key_offset[col0 + j] >= 0 ? sm_.s[r][col0 + j] * c_.scale_log2 : -INFINITY;
       tile_max = fmaxf(tile_max, v[j]);
     }
 #pragma unroll
@@ -333,28 +371,28 @@ class DecodeCta {
   // (-inf) in natural log or, with lse_base2, log2 units.
   __device__ void store_final(int seq) {
     const bool bad = sm_.bad != 0;
-    Elem* out = static_cast<Elem*>(p_.out);
+    Elem* out = static_cast<Elem*>(c_.out);
     for_each_value([&](int row, int d, float v0, float v1) {
-      RowCoord rc = row_coord(p_, hk_, row);
+      RowCoord rc = row_coord(c_, hk_, row);
       if (bad) v0 = v1 = NAN;
       const float lse2 = sm_.lse2[row - tile_ * C::kRows];
-      const float sink = sink_factor(p_, rc.head, lse2 * device::kLn2);
-      *reinterpret_cast<uint32_t*>(out + seq_offset(p_, seq, p_.out_stride_b, p_.out_stride_s) +
-                                   rc.t * p_.out_stride_s + rc.head * p_.out_stride_h + d) =
+      const float sink = sink_factor(c_, rc.head, lse2 * device::kLn2);
+      *reinterpret_cast<uint32_t*>(out + seq_offset(c_, seq, c_.out_stride_b, c_.out_stride_s) +
+                                   rc.t * c_.out_stride_s + rc.head * c_.out_stride_h + d) =
           Ops::pack(v0 * sink, v1 * sink);
     });
     if (tid_ < C::kRows) {
       const int row = tile_ * C::kRows + tid_;
-      if (row < p_.rows) {
-        RowCoord rc = row_coord(p_, hk_, row);
-        const float to_base = p_.lse_base2 ? 1.f : device::kLn2;
+      if (row < c_.rows) {
+        RowCoord rc = row_coord(c_, hk_, row);
+        const float to_base = c_.lse_base2 ? 1.f : device::kLn2;
         float lse2 = sm_.lse2[tid_];
         float lse = bad ? NAN : (lse2 == -INFINITY ? INFINITY : lse2 * to_base);
-        p_.lse[seq_offset(p_, seq, p_.lse_stride_b, p_.lse_stride_s) + rc.head * p_.lse_stride_h +
-               rc.t * p_.lse_stride_s] = lse;
-        if (p_.max_logits != nullptr) {
-          p_.max_logits[seq_offset(p_, seq, p_.max_logits_stride_b, p_.max_logits_stride_s) +
-                        rc.head * p_.max_logits_stride_h + rc.t * p_.max_logits_stride_s] =
+        c_.lse[seq_offset(c_, seq, c_.lse_stride_b, c_.lse_stride_s) + rc.head * c_.lse_stride_h +
+               rc.t * c_.lse_stride_s] = lse;
+        if (c_.max_logits != nullptr) {
+          c_.max_logits[seq_offset(c_, seq, c_.max_logits_stride_b, c_.max_logits_stride_s) +
+                        rc.head * c_.max_logits_stride_h + rc.t * c_.max_logits_stride_s] =
               bad ? NAN : sm_.max2[tid_] * to_base;
         }
       }
@@ -364,14 +402,14 @@ class DecodeCta {
   // Several splits: normalised float output and log2 LSE (-inf: empty) into slot `slot`.
   __device__ void store_partial(int slot) {
     const bool bad = sm_.bad != 0;
-    const int64_t base_row = (static_cast<int64_t>(slot) * p_.h_kv + hk_) * p_.rows;
+    const int64_t base_row = (static_cast<int64_t>(slot) * c_.h_kv + hk_) * c_.rows;
     for_each_value([&](int row, int d, float v0, float v1) {
       if (bad) v0 = v1 = NAN;
-      *reinterpret_cast<float2*>(p_.partial_out + (base_row + row) * C::kDv + d) = make_float2(v0, v1);
+      *reinterpret_cast<float2*>(p_.schedule.partial_out + (base_row + row) * C::kDv + d) = make_float2(v0, v1);
     });
     if (tid_ < C::kRows) {
       const int row = tile_ * C::kRows + tid_;
-      if (row < p_.rows) p_.partial_lse[base_row + row] = bad ? NAN : sm_.lse2[tid_];
+      if (row < c_.rows) p_.schedule.partial_lse[base_row + row] = bad ? NAN : sm_.lse2[tid_];
     }
   }
 
@@ -384,7 +422,7 @@ class DecodeCta {
     for (int half = 0; half < 2; ++half) {
       const int r = m0 + g + 8 * half;
       const int row = tile_ * C::kRows + r;
-      if (row >= p_.rows) continue;
+      if (row >= c_.rows) continue;
       const float inv_l = sm_.inv_l[r];
 #pragma unroll
       for (int j = 0; j < C::kValueTilesPerWarp; ++j) {
@@ -393,7 +431,8 @@ class DecodeCta {
     }
   }
 
-  const MlaDecodeParams& p_;
+  const Params& p_;
+  const AttentionCore& c_;  // p_.core
   DecodeSmem<Elem>& sm_;
   const int tid_, warp_, lane_, tile_, hk_;
   device::MmaFragC acc_[C::kValueTilesPerWarp];
@@ -401,33 +440,39 @@ class DecodeCta {
   float row_sum_ = 0.f;
 };
 
-template <typename Elem>
+// Split-KV entry of the planned operations (DenseDecodeParams, SparseDecodeParams): grid
+// (row tiles, h_kv, num_parts), CTA z walks the plan's part z.
+template <typename Elem, typename Params>
 __global__ void __launch_bounds__(DecodeConfig::kThreads, 2)
-    mla_decode_portable_kernel(const __grid_constant__ MlaDecodeParams p) {
+    mla_decode_portable_kernel(const __grid_constant__ Params p) {
+  static_assert(Params::kPlanned, "the split-KV entry runs a plan");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<DecodeSmem<Elem>*>(smem_raw);
-  DecodeCta<Elem> cta(p, sm, blockIdx.x, blockIdx.y);
-  for_each_segment(p, p.part_ranges[blockIdx.z],
+  DecodeCta<Elem, Params> cta(p, sm, blockIdx.x, blockIdx.y);
+  const SplitSchedule& schedule = p.schedule;
+  for_each_segment(p.core, schedule, schedule.part_ranges[blockIdx.z],
                    [&](int seq, int L, int key_begin, int key_end, int split) {
-                     const int splits = p.split_prefix[seq + 1] - p.split_prefix[seq];
+                     const int splits = schedule.split_prefix[seq + 1] - schedule.split_prefix[seq];
                      cta.run_segment(seq, L, key_begin, key_end,
-                                     splits == 1 ? kFinalOutput : p.partial_prefix[seq] + split);
+                                     splits == 1 ? kFinalOutput : schedule.partial_prefix[seq] + split);
                    });
 }
 
-// Whole-sequence entry (sparse prefill: no plan, no workspace). Grid (sequences * row tiles,
-// h_kv); consecutive CTAs are the row tiles of one sequence, so they gather the same keys
-// close together in time and all but the first find them in L2. Every CTA covers all keys of
-// its sequence and writes final rows, also for a sequence of length 0 (0, lse +inf).
-template <typename Elem>
+// Whole-sequence entry of the operations without a plan (SparsePrefillParams: no workspace).
+// Grid (sequences * row tiles, h_kv); consecutive CTAs are the row tiles of one sequence, so
+// they gather the same keys close together in time and all but the first find them in L2.
+// Every CTA covers all keys of its sequence and writes final rows, also for a sequence of
+// length 0 (0, lse +inf).
+template <typename Elem, typename Params>
 __global__ void __launch_bounds__(DecodeConfig::kThreads, 2)
-    mla_portable_whole_sequence_kernel(const __grid_constant__ MlaDecodeParams p) {
+    mla_portable_whole_sequence_kernel(const __grid_constant__ Params p) {
+  static_assert(!Params::kPlanned, "the whole-sequence entry runs without a plan");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<DecodeSmem<Elem>*>(smem_raw);
-  const int row_tiles = (p.rows + DecodeConfig::kRows - 1) / DecodeConfig::kRows;
+  const int row_tiles = (p.core.rows + DecodeConfig::kRows - 1) / DecodeConfig::kRows;
   const int seq = static_cast<int>(blockIdx.x) / row_tiles;
-  DecodeCta<Elem> cta(p, sm, static_cast<int>(blockIdx.x) % row_tiles, blockIdx.y);
-  const int L = p.lengths(seq);
+  DecodeCta<Elem, Params> cta(p, sm, static_cast<int>(blockIdx.x) % row_tiles, blockIdx.y);
+  const int L = p.core.lengths(seq);
   cta.run_segment(seq, L, 0, L, kFinalOutput);
 }
 

@@ -7,19 +7,17 @@
 
 namespace mlakit::detail {
 
-template <typename Elem>
-cudaError_t launch_mla_portable_whole_sequence(const MlaDecodeParams& params, cudaStream_t stream) {
+cudaError_t launch_mla_sparse_prefill_portable(const SparsePrefillParams& params, cudaStream_t stream) {
+  using Elem = __nv_bfloat16;
   using C = portable::DecodeConfig;
-  const int64_t row_tiles = (params.rows + C::kRows - 1) / C::kRows;
+  const int64_t row_tiles = (params.core.rows + C::kRows - 1) / C::kRows;
   constexpr int kSmem = sizeof(portable::DecodeSmem<Elem>);
-  auto kernel = &portable::mla_portable_whole_sequence_kernel<Elem>;
+  auto kernel = &portable::mla_portable_whole_sequence_kernel<Elem, SparsePrefillParams>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  dim3 grid(static_cast<unsigned>(params.b * row_tiles), params.h_kv);
+  dim3 grid(static_cast<unsigned>(params.core.b * row_tiles), params.core.h_kv);
   kernel<<<grid, C::kThreads, kSmem, stream>>>(params);
   return cudaGetLastError();
 }
-
-template cudaError_t launch_mla_portable_whole_sequence<__nv_bfloat16>(const MlaDecodeParams&, cudaStream_t);
 
 }  // namespace mlakit::detail

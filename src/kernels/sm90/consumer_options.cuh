@@ -4,6 +4,7 @@
 // template parameters), next to its kernel, e.g.
 //
 //   struct DenseDecodeConsumer {
+//     using Params = DenseDecodeParams;                       // the operation (mla_params.h)
 //     using Elem = __nv_bfloat16;                             // q, cache and P dtype
 //     static constexpr KeyTiles kTiles = KeyTiles::kTma;      // KeyTiles below
 //     static constexpr PairOrder kOrder = PairOrder::kPvA1DuringSoftmaxB;

@@ -42,12 +42,13 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&u)[4]) {
 // sequence seq (split `split` of it), from its accumulator o and softmax state. on_q_free() is
 // called once both consumers' multiplies are done (the Q tile is dead), so the next segment's
 // Q copy overlaps the stores.
-template <typename Elem, bool kMaxLogits, typename OnQFree>
-__device__ void store_segment(const MlaDecodeParams& p, Sm90DecodeSmem& sm, ConsumerThread me, int tile, int hk,
+template <typename Elem, bool kMaxLogits, typename Params, typename OnQFree>
+__device__ void store_segment(const Params& params, Sm90DecodeSmem& sm, ConsumerThread me, int tile, int hk,
                               const float (&o)[Sm90DecodeConfig::kOutRegs], const OnlineSoftmax<kMaxLogits>& softmax, bool bad, int seq,
                               int split, OnQFree on_q_free) {
   using C = Sm90DecodeConfig;
   using Ops = device::ElemOps<Elem>;
+  const AttentionCore& p = params.core;
   float l0 = softmax.l[0], l1 = softmax.l[1];
 #pragma unroll
   for (int x = 1; x < 4; x *= 2) {
@@ -70,9 +71,17 @@ __device__ void store_segment(const MlaDecodeParams& p, Sm90DecodeSmem& sm, Cons
   on_q_free();
   // No plan (sparse prefill) or a plan without splits: every segment is a whole sequence,
   // written directly (and no load waited for).
-  const bool direct = p.no_splits || p.split_prefix == nullptr || p.split_prefix[seq + 1] - p.split_prefix[seq] == 1;
-  const int64_t slot_row0 =
-      (static_cast<int64_t>(direct ? 0 : p.partial_prefix[seq] + split) * p.h_kv + hk) * p.rows;
+  bool direct = true;
+  int64_t slot_row0 = 0;
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
+  if constexpr (Params::kPlanned) {
+    const SplitSchedule& plan = params.schedule;
+    direct = plan.no_splits || plan.split_prefix[seq + 1] - plan.split_prefix[seq] == 1;
+    slot_row0 = (static_cast<int64_t>(direct ? 0 : plan.partial_prefix[seq] + split) * p.h_kv + hk) * p.rows;
+    partial_out = plan.partial_out;
+    partial_lse = plan.partial_lse;
+  }
   // Final rows in q's dtype go out as 16-byte stores when every row starts 16-byte aligned:
   // a quad transpose gives each lane 8 consecutive columns (64 4-byte stores per thread left
   // the store at the end of a segment ~9000 cycles long).
@@ -92,7 +101,7 @@ __device__ void store_segment(const MlaDecodeParams& p, Sm90DecodeSmem& sm, Cons
     const RowCoord rc = row_coord(p, hk, row);
     Elem* out = static_cast<Elem*>(p.out) + seq_offset(p, seq, p.out_stride_b, p.out_stride_s) +
                 rc.t * p.out_stride_s + rc.head * p.out_stride_h;
-    float* partial = direct ? nullptr : p.partial_out + (slot_row0 + row) * C::kDv;
+    float* partial = direct ? nullptr : partial_out + (slot_row0 + row) * C::kDv;
     const float scale = inv * (direct ? sink_factor(p, rc.head, lse2 * device::kLn2) : 1.f);
     if (wide_stores) {
       // Column group g (8 columns: 256 w + 8 g + 2 (lane % 4) + {0, 1} in this lane) holds
@@ -135,7 +144,7 @@ __device__ void store_segment(const MlaDecodeParams& p, Sm90DecodeSmem& sm, Cons
               bad ? NAN : (empty ? -INFINITY : fmaxf(sm.max_logit[0][r], sm.max_logit[1][r]) * to_base);
         }
       } else {
-        p.partial_lse[slot_row0 + row] = lse2;
+        partial_lse[slot_row0 + row] = lse2;
       }
     }
   }

@@ -8,7 +8,7 @@
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
 #include "kernels/decode_rows.cuh"
-#include "kernels/mla_decode_params.h"
+#include "kernels/mla_params.h"
 
 namespace mlakit::detail::sm90 {
 
@@ -164,7 +164,7 @@ __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, Ful
 
 // Number of 64-key tiles a segment needs for this CTA's rows (producer and consumers must
 // agree exactly). Tiles 2i and 2i+1 form pair i; an odd count ends with a lone tile A.
-__device__ __forceinline__ int segment_tiles(const MlaDecodeParams& p, int hk, int tile, int L, int key_begin,
+__device__ __forceinline__ int segment_tiles(const AttentionCore& p, int hk, int tile, int L, int key_begin,
                                              int key_end) {
   using C = Sm90DecodeConfig;
   const int end = tile_keys_end(p, hk, tile * C::kRows, C::kRows, L, key_end);

@@ -64,6 +64,7 @@ template <class Options>
 class Sm90Consumer {
   using C = Sm90DecodeConfig;
   using Elem = typename Options::Elem;
+  using Params = typename Options::Params;  // DenseDecodeParams, SparseDecodeParams or SparsePrefillParams
   using Ops = device::ElemOps<Elem>;
   using Mma256 = device::sm90::Wgmma<256, Elem>;
   static constexpr bool kGathered = kGatheredTiles<Options>;
@@ -72,13 +73,13 @@ class Sm90Consumer {
  public:
   // Rows tile * 64 .. of kv head hk.
   // q_map: the Q tile by TMA (kernels/sm90/launch.h, make_q_tensor_map); nullptr: by cp.async.
-  __device__ Sm90Consumer(const MlaDecodeParams& p, Sm90DecodeSmem& sm, int tile, int hk,
+  __device__ Sm90Consumer(const Params& p, Sm90DecodeSmem& sm, int tile, int hk,
                           const CUtensorMap* q_map = nullptr)
       : p_(p), sm_(sm), q_map_(q_map), hk_(hk), tile_(tile), scores_(sm, me_), handoffs_(sm, me_) {}
 
-  // Every segment of a part in order, each told the next one's sequence.
+  // Every segment of a part in order, each told the next one's sequence (planned operations).
   __device__ void run_part(const PartRange& range) {
-    SegmentCursor cursor(p_, range);
+    SegmentCursor cursor(p_.core, p_.schedule, range);
     Segment s, next;
     for (bool more = cursor.next(&s); more; s = next) {
       more = cursor.next(&next);
@@ -92,9 +93,11 @@ class Sm90Consumer {
     if (!q_issued_) issue_q(seq);
     // The store reads the split counts; brought into L2 now, they are no DRAM miss then (a
     // value loaded here would hold registers through the segment).
-    if (!p_.no_splits && p_.split_prefix != nullptr && me_.t == 0) {
-      device::prefetch_l2(p_.split_prefix + seq);
-      device::prefetch_l2(p_.partial_prefix + seq);
+    if constexpr (Params::kPlanned) {
+      if (!p_.schedule.no_splits && me_.t == 0) {
+        device::prefetch_l2(p_.schedule.split_prefix + seq);
+        device::prefetch_l2(p_.schedule.partial_prefix + seq);
+      }
     }
     await_q();
     MLAKIT_SM90_STAMP(kConsumerQLoaded);
@@ -104,7 +107,7 @@ class Sm90Consumer {
     for (int j = 0; j < C::kOutRegs; ++j) o_[j] = 0.f;
     softmax_.reset();
     bad_ = false;
-    const int tiles = segment_tiles(p_, hk_, tile_, L, key_begin, key_end);
+    const int tiles = segment_tiles(p_.core, hk_, tile_, L, key_begin, key_end);
     for (int i = 0; i < tiles; i += 2) {
       const int start_a = key_begin + i * C::kKeys;
       const bool has_b = i + 1 < tiles;
@@ -326,14 +329,14 @@ class Sm90Consumer {
   __device__ void scaled_logits(float (&s)[32], int tile_start, float (&mx)[2]) {
     if constexpr (kGathered) {
       const uint32_t listed = scores_.gathered_mask(me_.w);  // bit 2 (i >> 2) + (i & 1): key of register i
-      softmax_.scaled_logits(s, p_.scale_log2, [&](int i) { return ((listed >> (2 * (i >> 2) + (i & 1))) & 1u) != 0; },
+      softmax_.scaled_logits(s, p_.core.scale_log2, [&](int i) { return ((listed >> (2 * (i >> 2) + (i & 1))) & 1u) != 0; },
                              mx);
     } else {
       // Column of register i: dev::acc_col(lane, i), summed in this order (the kernel's SASS
       // as measured; tile_start + acc_col(..) compiles to other address arithmetic).
       const int lane_col = 2 * (me_.lane % 4);
       softmax_.scaled_logits(
-          s, p_.scale_log2,
+          s, p_.core.scale_log2,
           [&](int i) { return tile_start + 8 * (i >> 2) + lane_col + (i & 1) < lim_[(i >> 1) & 1]; }, mx);
     }
   }
@@ -341,8 +344,8 @@ class Sm90Consumer {
   // Visible-key bound of tile row r (0 for padding rows).
   __device__ int row_limit(int r, int L, int key_end) const {
     const int row = tile_ * C::kRows + r;
-    if (row >= p_.rows) return 0;
-    return min(key_end, visible_keys(p_, L, row_coord(p_, hk_, row).t));
+    if (row >= p_.core.rows) return 0;
+    return min(key_end, visible_keys(p_.core, L, row_coord(p_.core, hk_, row).t));
   }
 
   // A segment's Q tile is copied by both consumers (all in flight at once): issued here for
@@ -355,8 +358,8 @@ class Sm90Consumer {
       // batch): scheduled sequence seq is token seq % seq_divisor of batch entry seq /
       // seq_divisor (the sparse decode schedules one sequence per query token).
       if (me_.t == 0) {
-        const RowCoord rc = row_coord(p_, hk_, tile_ * C::kRows);
-        const int token = seq % p_.seq_divisor + rc.t, batch = seq / p_.seq_divisor;
+        const RowCoord rc = row_coord(p_.core, hk_, tile_ * C::kRows);
+        const int token = seq % p_.core.seq_divisor + rc.t, batch = seq / p_.core.seq_divisor;
         dev::mbarrier_expect_tx(&sm_.q_full, C::kSlabs * C::kSlabBytes);
 #pragma unroll 1
         for (int slab = 0; slab < C::kSlabs; ++slab) {
@@ -367,11 +370,11 @@ class Sm90Consumer {
       return;
     }
     if (!q_offsets_ready_) {  // the row offsets within a sequence are the same in every segment
-      fill_q_row_offsets(p_, sm_, hk_, tile_, me_.t, C::kConsumerThreads);
+      fill_q_row_offsets(p_.core, sm_, hk_, tile_, me_.t, C::kConsumerThreads);
       dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
       q_offsets_ready_ = true;
     }
-    copy_q_tile<Elem>(p_, sm_, seq, me_.t, C::kConsumerThreads);
+    copy_q_tile<Elem>(p_.core, sm_, seq, me_.t, C::kConsumerThreads);
   }
 
   __device__ void await_q() {
@@ -431,7 +434,7 @@ class Sm90Consumer {
     }
   }
 
-  const MlaDecodeParams& p_;
+  const Params& p_;
   Sm90DecodeSmem& sm_;
   const CUtensorMap* const q_map_;
   const ConsumerThread me_;

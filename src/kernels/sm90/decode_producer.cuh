@@ -19,7 +19,7 @@ __device__ __forceinline__ int producer_warps(int box_rows) { return Sm90DecodeC
 
 // Run by warps 0 .. producer_warps(box_rows) - 1 of warpgroup 0; each arrives once per slab
 // group of every tile (the full barriers count producer_warps arrivals).
-__device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensorMap& kv_map, int box_rows,
+__device__ __forceinline__ void produce(const DenseDecodeParams& p, const CUtensorMap& kv_map, int box_rows,
                                         Sm90DecodeSmem& sm) {
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
@@ -29,8 +29,8 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
   const uint32_t box_bytes = static_cast<uint32_t>(box_rows) * dev::kSwizzleRowBytes;  // one box of one slab
   if (lane == 0) dev::tma_prefetch_descriptor(&kv_map);
   uint32_t phases = 0;  // bit s: parity of stage s's current lap (a bit mask: no local memory)
-  for_each_segment(p, p.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int) {
-    const int tiles = segment_tiles(p, hk, tile, L, key_begin, key_end);
+  for_each_segment(p.core, p.schedule, p.schedule.part_ranges[blockIdx.z], [&](int seq, int L, int key_begin, int key_end, int) {
+    const int tiles = segment_tiles(p.core, hk, tile, L, key_begin, key_end);
     for (int i = 0; i < tiles; ++i) {
       const int stage = i % C::kStages;
       const int tile_start = key_begin + i * C::kKeys;
@@ -41,16 +41,16 @@ __device__ __forceinline__ void produce(const MlaDecodeParams& p, const CUtensor
       bool bad = false;
       int32_t block = 0;
       if (valid) {
-        const int logical = key0 / p.page_size;
-        block = logical < p.max_blocks_per_seq ? p.block_table[seq * p.block_table_stride_b + logical] : -1;
-        bad = block < 0 || block >= p.num_blocks;
+        const int logical = key0 / p.cache.page_size;
+        block = logical < p.cache.max_blocks_per_seq ? p.cache.block_table[seq * p.cache.block_table_stride_b + logical] : -1;
+        bad = block < 0 || block >= p.cache.num_blocks;
         valid = !bad;
       }
       const bool any_bad = __any_sync(0xffffffffu, bad);
       // This warp's box, issued by its lane 0 with warp-uniform coordinates.
       const bool mine = __shfl_sync(0xffffffffu, valid, warp);
       const int32_t my_block = __shfl_sync(0xffffffffu, block, warp);
-      const int my_row = mine ? (tile_start + warp * box_rows) % p.page_size : 0;
+      const int my_row = mine ? (tile_start + warp * box_rows) % p.cache.page_size : 0;
       // Slab-major, each group of slabs on the barrier of its last slab
       // (Sm90DecodeConfig::group_last_slab): the consumer starts S on the first group while the
       // later slabs are still in flight. Slabs 0..3 go as soon as their half of the stage is

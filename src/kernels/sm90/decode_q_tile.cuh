@@ -21,7 +21,7 @@ namespace mlakit::detail::sm90 {
 // sm.q_row_offset[r]: the element offset of row r of row tile `tile` of kv head hk within its
 // sequence (token * q_stride_s + head * q_stride_h), -1 for a padding row; threads t of
 // `threads` share the work. Readers need a barrier with the writers first.
-__device__ __forceinline__ void fill_q_row_offsets(const MlaDecodeParams& p, Sm90DecodeSmem& sm, int hk, int tile,
+__device__ __forceinline__ void fill_q_row_offsets(const AttentionCore& p, Sm90DecodeSmem& sm, int hk, int tile,
                                                    int t, int threads) {
   using C = Sm90DecodeConfig;
   for (int r = t; r < C::kRows; r += threads) {
@@ -35,7 +35,7 @@ __device__ __forceinline__ void fill_q_row_offsets(const MlaDecodeParams& p, Sm9
 // into sm.q, 128B-swizzled; padding rows and columns past d_qk are zeros. Warp w of the
 // `threads` threads (t = this thread) copies rows w, w + threads / kWarpSize, ...
 template <typename Elem>
-__device__ __forceinline__ void copy_q_tile(const MlaDecodeParams& p, Sm90DecodeSmem& sm, int seq, int t,
+__device__ __forceinline__ void copy_q_tile(const AttentionCore& p, Sm90DecodeSmem& sm, int seq, int t,
                                             int threads) {
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;

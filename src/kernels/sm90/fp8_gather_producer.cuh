@@ -67,21 +67,21 @@ class Fp8GatherProducer {
   };
 
  public:
-  __device__ Fp8GatherProducer(const MlaDecodeParams& p, Sm90DecodeSmem& sm, int tile)
-      : p_(p), sm_(sm), cache_(static_cast<const uint8_t*>(p.kv)), tile_(tile), key_(threadIdx.x / 2),
+  __device__ Fp8GatherProducer(const SparseDecodeParams& p, Sm90DecodeSmem& sm, int tile)
+      : p_(p), sm_(sm), cache_(static_cast<const uint8_t*>(p.keys.kv)), tile_(tile), key_(threadIdx.x / 2),
         half_(threadIdx.x % 2) {}
 
   // The index of a tile's key is loaded two tiles ahead and turned into an offset one tile
   // ahead (for the L2 prefetch), so no index load latency is waited for in the loop.
   __device__ void run_segment(int seq, int L, int key_begin, int key_end) {
-    const int tiles = segment_tiles(p_, 0, tile_, L, key_begin, key_end);
+    const int tiles = segment_tiles(p_.core, 0, tile_, L, key_begin, key_end);
     if (tiles == 0) return;
-    const int32_t* listed = p_.indices + seq_offset(p_, seq, p_.indices_stride_b, p_.indices_stride_s);
+    const int32_t* listed = p_.keys.indices + seq_offset(p_.core, seq, p_.keys.indices_stride_b, p_.keys.indices_stride_s);
     auto slot_of_tile = [&](int i) {
       const int key = key_begin + i * C::kKeys + key_;
       return device::load_s32_or(listed + key, i < tiles && key < key_end, -1);
     };
-    int64_t offset = slot_offset(p_, slot_of_tile(0));
+    int64_t offset = slot_offset(p_.keys, slot_of_tile(0));
     // The loop prefetches each next tile's tokens into L2; the first tile's too, so that its
     // slabs 2..7 do not each wait for DRAM behind the two-slab lookahead.
     prefetch_token_l2(token(offset));
@@ -92,7 +92,7 @@ class Fp8GatherProducer {
     for (int k = 0; k < kLookahead; ++k) raw[k] = load_slab(token(offset), k);
     for (int i = 0; i < tiles; ++i) {
       const int32_t after_slot = slot_of_tile(i + 2);  // first used in the next iteration
-      const int64_t next = slot_offset(p_, next_slot);
+      const int64_t next = slot_offset(p_.keys, next_slot);
       prefetch_token_l2(token(next));
       fill_tile(i % C::kStages, offset, next, raw, scales);
       offset = next;
@@ -192,7 +192,7 @@ class Fp8GatherProducer {
                       device::dequantize_e4m3x8_bf16(make_uint2(raw.hi.z, raw.hi.w), scale));
   }
 
-  const MlaDecodeParams& p_;
+  const SparseDecodeParams& p_;
   Sm90DecodeSmem& sm_;
   const uint8_t* cache_;
   const int tile_, key_, half_;

@@ -62,16 +62,16 @@ __device__ __forceinline__ uint32_t key_mask_of_lane_pairs(uint32_t ballot) {
 }
 
 template <typename Elem>
-__device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int tile, int seq, int L, Sm90DecodeSmem& sm) {
+__device__ __forceinline__ void produce_gathered(const SparsePrefillParams& p, int tile, int seq, int L, Sm90DecodeSmem& sm) {
   namespace dev = mlakit::device::sm90;
   using C = Sm90DecodeConfig;
   constexpr int kRowsPerThread = 4;  // keys 16 w + 4 j + group
   const int lane = threadIdx.x % dev::kWarpSize, warp = threadIdx.x / dev::kWarpSize;
   const int group = lane / dev::kSwizzleRowChunks, chunk = lane % dev::kSwizzleRowChunks;
-  const uint8_t* kv = static_cast<const uint8_t*>(p.kv) + chunk * dev::kSwizzleChunkBytes;  // + row offset + 128 s
-  const int32_t* indices = p.indices + seq_offset(p, seq, p.indices_stride_b, p.indices_stride_s);
-  const bool rope_stored = p.d_qk > C::kDv;  // d_qk 512: the RoPE slab is zero-filled
-  const int tiles = segment_tiles(p, 0, tile, L, 0, L);
+  const uint8_t* kv = static_cast<const uint8_t*>(p.keys.kv) + chunk * dev::kSwizzleChunkBytes;  // + row offset + 128 s
+  const int32_t* indices = p.keys.indices + seq_offset(p.core, seq, p.keys.indices_stride_b, p.keys.indices_stride_s);
+  const bool rope_stored = p.core.d_qk > C::kDv;  // d_qk 512: the RoPE slab is zero-filled
+  const int tiles = segment_tiles(p.core, 0, tile, L, 0, L);
   auto slot_of = [&](int i, int j) {
     const int key = i * C::kKeys + 16 * warp + 4 * j + group;
     return i < tiles && key < L ? indices[key] : -1;
@@ -87,7 +87,7 @@ __device__ __forceinline__ void produce_gathered(const MlaDecodeParams& p, int t
     uint32_t warp_mask = 0;
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
-      const int64_t offset = row_slot_offset(p, next_slot[j]);
+      const int64_t offset = row_slot_offset(p.keys, next_slot[j]);
       next_slot[j] = slot_of(i + 1, j);
       valid[j] = offset >= 0;
       src[j] = kv + (valid[j] ? offset * static_cast<int64_t>(sizeof(Elem)) : 0);

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "kernels/mla_decode_params.h"
+#include "kernels/mla_params.h"
 
 namespace mlakit::detail {
 
@@ -49,20 +49,19 @@ inline CUtensorMap map_or_empty(const CUtensorMap* map) { return map != nullptr 
 // Attention alone (grid: 64-row tiles x h_kv x num_parts); the dispatch starts the combine
 // after it. q_map: the Q tile by TMA; nullptr: by cp.async.
 template <typename Elem>
-cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
+cudaError_t launch_mla_decode_sm90(const DenseDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
                                    const CUtensorMap* q_map, cudaStream_t stream);
 
 // Sparse prefill (no plan): grid s_q * 64-row tiles, KV rows gathered by index. bf16. q_map
 // (make_sparse_prefill_q_tensor_map): the Q tile by TMA; nullptr: by cp.async.
-template <typename Elem>
-cudaError_t launch_mla_sparse_prefill_sm90(const MlaDecodeParams& params, const CUtensorMap* q_map,
+cudaError_t launch_mla_sparse_prefill_sm90(const SparsePrefillParams& params, const CUtensorMap* q_map,
                                            cudaStream_t stream);
 
 // Sparse FP8 decode (grid: 64-row tiles x 1 x num_parts of the sparse plan): the 656-byte
 // tokens listed by params.indices, dequantized into bf16 tiles; the dispatch starts the
 // combine after it.
 // q_map (make_q_tensor_map with h_q heads per kv head): the Q tiles by TMA; nullptr: cp.async.
-cudaError_t launch_mla_sparse_decode_sm90(const MlaDecodeParams& params, const CUtensorMap* q_map,
+cudaError_t launch_mla_sparse_decode_sm90(const SparseDecodeParams& params, const CUtensorMap* q_map,
                                           cudaStream_t stream);
 
 }  // namespace mlakit::detail

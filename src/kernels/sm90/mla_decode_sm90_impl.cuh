@@ -7,15 +7,15 @@
 namespace mlakit::detail {
 
 template <typename Elem>
-cudaError_t launch_mla_decode_sm90(const MlaDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
+cudaError_t launch_mla_decode_sm90(const DenseDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
                                    const CUtensorMap* q_map, cudaStream_t stream) {
   using C = sm90::Sm90DecodeConfig;
   auto kernel = &sm90::mla_decode_sm90_kernel<Elem>;
   // Idempotent and cheap; not a stream operation, so it is allowed during graph capture.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSm90SmemBytes);
   if (err != cudaSuccess) return err;
-  const int row_tiles = (params.rows + C::kRows - 1) / C::kRows;
-  dim3 grid(row_tiles, params.h_kv, params.num_parts);
+  const int row_tiles = (params.core.rows + C::kRows - 1) / C::kRows;
+  dim3 grid(row_tiles, params.core.h_kv, params.schedule.num_parts);
   kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, kv_map, box_rows,
                                                                 map_or_empty(q_map), q_map != nullptr);
   return cudaGetLastError();

@@ -34,6 +34,7 @@ namespace mlakit::detail::sm90 {
 // The dense decode's consumers: TMA tiles of the paged cache, the seesaw's default order.
 template <typename ElemT>
 struct DenseDecodeConsumer {
+  using Params = DenseDecodeParams;
   using Elem = ElemT;
   static constexpr KeyTiles kTiles = KeyTiles::kTma;
   static constexpr PairOrder kOrder = PairOrder::kPvA1DuringSoftmaxB;
@@ -42,7 +43,7 @@ struct DenseDecodeConsumer {
 
 template <typename Elem>
 __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
-    mla_decode_sm90_kernel(const __grid_constant__ MlaDecodeParams p, const __grid_constant__ CUtensorMap kv_map,
+    mla_decode_sm90_kernel(const __grid_constant__ DenseDecodeParams p, const __grid_constant__ CUtensorMap kv_map,
                            const int box_rows, const __grid_constant__ CUtensorMap q_map, const bool q_by_tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace dev = mlakit::device::sm90;
@@ -58,7 +59,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
     Sm90Consumer<DenseDecodeConsumer<Elem>> consumer(p, sm, blockIdx.x, blockIdx.y, q_by_tma ? &q_map : nullptr);
-    consumer.run_part(p.part_ranges[blockIdx.z]);
+    consumer.run_part(p.schedule.part_ranges[blockIdx.z]);
     if (threadIdx.x == dev::kWarpgroupThreads) MLAKIT_SM90_CTA_SPAN(true);  // consumer 0's first thread
   }
 #endif

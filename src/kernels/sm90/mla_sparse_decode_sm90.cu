@@ -7,14 +7,14 @@
 
 namespace mlakit::detail {
 
-cudaError_t launch_mla_sparse_decode_sm90(const MlaDecodeParams& params, const CUtensorMap* q_map,
+cudaError_t launch_mla_sparse_decode_sm90(const SparseDecodeParams& params, const CUtensorMap* q_map,
                                           cudaStream_t stream) {
   using C = sm90::Sm90DecodeConfig;
   auto kernel = &sm90::mla_sparse_decode_sm90_kernel;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSm90SmemBytes);
   if (err != cudaSuccess) return err;
-  const int row_tiles = (params.rows + C::kRows - 1) / C::kRows;
-  dim3 grid(row_tiles, 1, params.num_parts);
+  const int row_tiles = (params.core.rows + C::kRows - 1) / C::kRows;
+  dim3 grid(row_tiles, 1, params.schedule.num_parts);
   kernel<<<grid, C::kThreads, sm90::kSm90SmemBytes, stream>>>(params, map_or_empty(q_map), q_map != nullptr);
   return cudaGetLastError();
 }

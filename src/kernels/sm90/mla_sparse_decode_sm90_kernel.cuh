@@ -20,6 +20,7 @@ namespace mlakit::detail::sm90 {
 // The sparse decode's consumers: bf16 rows dequantized by the FP8 gathering producer, P_A V_A,1
 // first (consumer_options.cuh).
 struct SparseDecodeConsumer {
+  using Params = SparseDecodeParams;
   using Elem = __nv_bfloat16;
   static constexpr KeyTiles kTiles = KeyTiles::kGathered;
   static constexpr PairOrder kOrder = PairOrder::kPvA1First;
@@ -27,7 +28,7 @@ struct SparseDecodeConsumer {
 };
 
 __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
-    mla_sparse_decode_sm90_kernel(const __grid_constant__ MlaDecodeParams p, const __grid_constant__ CUtensorMap q_map,
+    mla_sparse_decode_sm90_kernel(const __grid_constant__ SparseDecodeParams p, const __grid_constant__ CUtensorMap q_map,
                                   const bool q_by_tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace dev = mlakit::device::sm90;
@@ -36,11 +37,11 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
   if (threadIdx.x == 0) MLAKIT_SM90_CTA_SPAN(false);
   Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_full_count(slab); });
-  const PartRange& range = p.part_ranges[blockIdx.z];
+  const PartRange& range = p.schedule.part_ranges[blockIdx.z];
   if (threadIdx.x < dev::kWarpgroupThreads) {  // warpgroup 0: the producer
     dev::setmaxnreg_dec<C::kFp8ProducerRegs>();
     Fp8GatherProducer producer(p, sm, blockIdx.x);
-    for_each_segment(p, range, [&](int seq, int L, int key_begin, int key_end, int) {
+    for_each_segment(p.core, p.schedule, range, [&](int seq, int L, int key_begin, int key_end, int) {
       producer.run_segment(seq, L, key_begin, key_end);
     });
   } else {

@@ -6,20 +6,16 @@
 
 namespace mlakit::detail {
 
-template <typename Elem>
-cudaError_t launch_mla_sparse_prefill_sm90(const MlaDecodeParams& params, const CUtensorMap* q_map,
+cudaError_t launch_mla_sparse_prefill_sm90(const SparsePrefillParams& params, const CUtensorMap* q_map,
                                            cudaStream_t stream) {
   using C = sm90::Sm90DecodeConfig;
-  auto kernel = &sm90::mla_sparse_prefill_sm90_kernel<Elem>;
+  auto kernel = &sm90::mla_sparse_prefill_sm90_kernel<__nv_bfloat16>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSm90SmemBytes);
   if (err != cudaSuccess) return err;
-  const int64_t row_tiles = (params.rows + C::kRows - 1) / C::kRows;
-  kernel<<<static_cast<unsigned>(params.b * row_tiles), C::kThreads, sm90::kSm90SmemBytes, stream>>>(
+  const int64_t row_tiles = (params.core.rows + C::kRows - 1) / C::kRows;
+  kernel<<<static_cast<unsigned>(params.core.b * row_tiles), C::kThreads, sm90::kSm90SmemBytes, stream>>>(
       params, map_or_empty(q_map), q_map != nullptr);
   return cudaGetLastError();
 }
-
-template cudaError_t launch_mla_sparse_prefill_sm90<__nv_bfloat16>(const MlaDecodeParams&, const CUtensorMap*,
-                                                                    cudaStream_t);
 
 }  // namespace mlakit::detail

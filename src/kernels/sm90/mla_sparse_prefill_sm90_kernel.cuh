@@ -23,6 +23,7 @@ namespace mlakit::detail::sm90 {
 // (consumer_options.cuh), max_logits written.
 template <typename ElemT>
 struct SparsePrefillConsumer {
+  using Params = SparsePrefillParams;
   using Elem = ElemT;
   static constexpr KeyTiles kTiles = KeyTiles::kGatheredHalves;
   static constexpr PairOrder kOrder = PairOrder::kSoftmaxBFirst;
@@ -31,7 +32,7 @@ struct SparsePrefillConsumer {
 
 template <typename Elem>
 __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
-    mla_sparse_prefill_sm90_kernel(const __grid_constant__ MlaDecodeParams p, const __grid_constant__ CUtensorMap q_map,
+    mla_sparse_prefill_sm90_kernel(const __grid_constant__ SparsePrefillParams p, const __grid_constant__ CUtensorMap q_map,
                                    const bool q_by_tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace dev = mlakit::device::sm90;
@@ -39,9 +40,9 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
   Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_halves_full_count(slab); });
-  const int row_tiles = (p.rows + C::kRows - 1) / C::kRows;
+  const int row_tiles = (p.core.rows + C::kRows - 1) / C::kRows;
   const int seq = static_cast<int>(blockIdx.x / row_tiles), tile = static_cast<int>(blockIdx.x % row_tiles);
-  const int L = p.lengths(seq);
+  const int L = p.core.lengths(seq);
   if (threadIdx.x < dev::kWarpgroupThreads) {  // warpgroup 0: the producer
     dev::setmaxnreg_dec<C::kProducerRegs>();
     produce_gathered<Elem>(p, tile, seq, L, sm);
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     // about item blockIdx.x + SM count.
     const int64_t next = static_cast<int64_t>(blockIdx.x) + device::nsmid();
     if (next < static_cast<int64_t>(gridDim.x)) {
-      prefetch_q_rows_l2(p, static_cast<int>(next / row_tiles), 0, static_cast<int>(next % row_tiles) * C::kRows,
+      prefetch_q_rows_l2(p.core, static_cast<int>(next / row_tiles), 0, static_cast<int>(next % row_tiles) * C::kRows,
                          C::kRows, threadIdx.x, dev::kWarpgroupThreads);
     }
   } else {
