@@ -118,7 +118,7 @@ int run_gpu(const RunOptions& o) {
   const double flops = support::decode_flops(c), bytes = support::decode_bytes(c);
   std::printf("decode: %.1f us  %.1f TFLOP/s  %.0f GB/s   (plan %.1f us, reused by every layer; kernel: %s)\n",
               decode_us, flops / decode_us * 1e-6, bytes / decode_us * 1e-3, plan_us,
-              plan.kernel == MlaDecodeKernel::kSm90 ? "sm90" : "portable");
+              plan.kernel == MlaKernel::kSm90 ? "sm90" : "portable");
   const bool ok = o_report.ok && l_report.ok;
   std::printf("result: %s\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;

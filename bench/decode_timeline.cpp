@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
     if (bc.causal) continue;  // planned_segments assumes every row sees every key
     bench::DeviceDecodeCase d = bench::make_device_case(bc, DType::kBF16, stream);
     const MlaDecodeProblem problem = d.host.problem();
-    const MlaDecodeOptions options{.kernel = MlaDecodeKernel::kSm90};
+    const MlaDecodeOptions options{.kernel = MlaKernel::kSm90};
     std::size_t workspace_bytes = 0;
     BENCH_STATUS(mla_decode_workspace_size(problem, &workspace_bytes, options));
     bench::DeviceBuffer workspace(workspace_bytes);
@@ -334,7 +334,7 @@ int main(int argc, char** argv) {
   }
   // The sparse FP8 decode's cases: one scheduled sequence of topk keys per (batch entry, query token).
   for (const bench::SparseBenchCase& c : bench::sparse_bench_cases(false, filter)) {
-    bench::DeviceSparseCase d = bench::make_device_sparse_case(c, MlaDecodeKernel::kSm90, stream);
+    bench::DeviceSparseCase d = bench::make_device_sparse_case(c, MlaKernel::kSm90, stream);
     std::size_t workspace_bytes = 0;
     BENCH_STATUS(mla_sparse_decode_workspace_size(d.problem, &workspace_bytes));
     bench::DeviceBuffer workspace(workspace_bytes);

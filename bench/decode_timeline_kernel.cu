@@ -16,7 +16,7 @@
 namespace {
 
 namespace d = mlakit::detail;
-using C = d::sm90::Sm90DecodeConfig;
+using C = d::sm90::Sm90MlaConfig;
 
 // Copies `timeline` (TimelineBuffer) to the kernels' global and lets `kernel` have the decode's
 // shared memory; the grid of `params`: (row tiles, h_kv, parts).

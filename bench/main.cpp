@@ -34,7 +34,7 @@ struct Options {
   int runs = kDefaultRuns;
   std::string out_dir = "bench/results";
   DType dtype = DType::kBF16;
-  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
+  MlaKernel kernel = MlaKernel::kAuto;
   int cooldown_ms = kDefaultCooldownMs;
 };
 
@@ -99,11 +99,11 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--kernel") {
       const std::string v = value();
       if (v == "auto") {
-        o.kernel = MlaDecodeKernel::kAuto;
+        o.kernel = MlaKernel::kAuto;
       } else if (v == "portable") {
-        o.kernel = MlaDecodeKernel::kPortable;
+        o.kernel = MlaKernel::kPortable;
       } else if (v == "sm90") {
-        o.kernel = MlaDecodeKernel::kSm90;
+        o.kernel = MlaKernel::kSm90;
       } else {
         usage_error("--kernel: expected auto, portable or sm90, got '" + v + "'");
       }

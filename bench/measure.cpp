@@ -66,14 +66,14 @@ support::HostDecodeCase describe_case(const BenchCase& bc, DType dtype) {
   return c;
 }
 
-std::string kernel_name(MlaDecodeKernel requested) {
+std::string kernel_name(MlaKernel requested) {
   detail::DeviceInfo device;
   detail::DecodeKernelTraits traits{};
   if (!detail::current_device_info(&device).is_ok() ||
       !detail::select_decode_kernel("bench", device, requested, &traits).is_ok()) {
     return "unknown";
   }
-  return traits.kernel == MlaDecodeKernel::kSm90 ? "sm90" : "portable";
+  return traits.kernel == MlaKernel::kSm90 ? "sm90" : "portable";
 }
 
 CopyResult measure_copy_bandwidth(const RunSettings& s) {

@@ -24,7 +24,7 @@ struct RunSettings {
   int warmup = 5;  // untimed rounds before the timed ones
   int runs = 20;   // timed rounds; results are their median
   DType dtype = DType::kBF16;
-  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;  // --kernel
+  MlaKernel kernel = MlaKernel::kAuto;  // --kernel
   SmClockProbe* clock = nullptr;      // probed after each round's flush
 };
 
@@ -48,7 +48,7 @@ CopyResult measure_copy_bandwidth(const RunSettings& settings);
 
 // "portable" / "sm90": the kernel family a request resolves to on the current device (kAuto
 // through the library's own selection rule), for the results' "kernel" field.
-std::string kernel_name(MlaDecodeKernel requested);
+std::string kernel_name(MlaKernel requested);
 
 struct DecodeResult {
   double mean_s_k = 0;  // mean of the actual lengths

@@ -38,7 +38,7 @@ std::vector<SparseBenchCase> sparse_bench_cases(bool quick, const std::string& f
   return kept;
 }
 
-DeviceSparseCase make_device_sparse_case(const SparseBenchCase& c, MlaDecodeKernel kernel, cudaStream_t stream) {
+DeviceSparseCase make_device_sparse_case(const SparseBenchCase& c, MlaKernel kernel, cudaStream_t stream) {
   const int64_t tokens = c.b * static_cast<int64_t>(c.s_k);
   const int64_t num_blocks = tokens / c.page;
   DeviceBuffer cache(tokens * kMlaFp8TokenBytes);

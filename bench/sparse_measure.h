@@ -38,7 +38,7 @@ struct DeviceSparseCase {
   MlaSparseDecodeArgs args;
   MlaSparseDecodeProblem problem;
 };
-DeviceSparseCase make_device_sparse_case(const SparseBenchCase& c, MlaDecodeKernel kernel, cudaStream_t stream);
+DeviceSparseCase make_device_sparse_case(const SparseBenchCase& c, MlaKernel kernel, cudaStream_t stream);
 
 // Times the plan and the decode of a case (docs/benchmarking.md protocol) and checks every lse is finite.
 SparseResult run_sparse_case(const SparseBenchCase& c, const RunSettings& settings);

@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   const int traced = argc > 3 ? std::atoi(argv[3]) : 8;
   const int s_q = argc > 4 ? std::atoi(argv[4]) : 4096;
   constexpr int kTopk = 2048, kDqk = 576, kDv = 512, kCapacity = 1024;
-  using C = mlakit::detail::sm90::Sm90DecodeConfig;
+  using C = mlakit::detail::sm90::Sm90MlaConfig;
   const int row_tiles = (h_q + C::kRows - 1) / C::kRows;
   const int grid = s_q * row_tiles;
 

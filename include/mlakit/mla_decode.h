@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "mlakit/mla_kernel.h"
 #include "mlakit/status.h"
 #include "mlakit/stream.h"
 #include "mlakit/tensor.h"
@@ -30,25 +31,19 @@ struct MlaDecodeProblem {
   int d_v = 512;   // value head dim: the first d_v columns of each cache row
 };
 
-// Which kernel family a plan was made for (chosen from the device architecture).
-enum class MlaDecodeKernel : int32_t {
-  kAuto = -1,     // request only: the fastest kernel for the device
-  kPortable = 0,  // any CUDA GPU of sm80 or newer
-  kSm90 = 1,      // Hopper (sm90a): TMA + wgmma, warp-specialised
-};
 
 // Optional choices of mla_decode_workspace_size / mla_decode_plan.
 struct MlaDecodeOptions {
   // kAuto: kSm90 on compute capability 9.0, kPortable elsewhere. kSm90 on another GPU is an
   // UnsupportedArchitecture error. A kSm90 plan runs the portable kernel for page sizes the
   // Hopper kernel does not tile (neither a multiple of 64 nor 16 or 32).
-  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
+  MlaKernel kernel = MlaKernel::kAuto;
 };
 
 // Result of mla_decode_plan. Plain data: copy it freely, reuse it for every layer of a step.
 struct MlaDecodePlan {
   MlaDecodeProblem problem;
-  MlaDecodeKernel kernel = MlaDecodeKernel::kPortable;
+  MlaKernel kernel = MlaKernel::kPortable;
   int device = -1;          // CUDA device ordinal the plan was made on
   int num_parts = 0;        // CTAs per (kv head, row tile) sharing the batch's KV work
   int block_n = 0;          // scheduling granularity, in keys

@@ -24,7 +24,7 @@ struct MlaSparseDecodeProblem {
   int topk = 0;  // indices per query token, >= 1
   // Which kernel the plan is made for (kAuto: the Hopper kernel on compute capability 9.0,
   // the portable one elsewhere); the workspace size and the plan must be asked with the same.
-  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
+  MlaKernel kernel = MlaKernel::kAuto;
 };
 
 struct MlaSparseDecodeArgs {

@@ -40,7 +40,7 @@ struct MlaSparsePrefillArgs {
   LseBase lse_base = LseBase::kBase2;
   // kAuto: the Hopper kernel on compute capability 9.0, the portable one elsewhere; kSm90 on
   // another GPU is an UnsupportedArchitecture error.
-  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
+  MlaKernel kernel = MlaKernel::kAuto;
 };
 
 // Validates every argument (InvalidArgument / Unsupported naming it), then launches on

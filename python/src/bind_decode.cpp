@@ -12,10 +12,10 @@
 namespace mlakit::python {
 namespace {
 
-MlaDecodeKernel kernel_from(const std::string& name) {
-  if (name == "auto") return MlaDecodeKernel::kAuto;
-  if (name == "portable") return MlaDecodeKernel::kPortable;
-  if (name == "sm90") return MlaDecodeKernel::kSm90;
+MlaKernel kernel_from(const std::string& name) {
+  if (name == "auto") return MlaKernel::kAuto;
+  if (name == "portable") return MlaKernel::kPortable;
+  if (name == "sm90") return MlaKernel::kSm90;
   throw nb::value_error(("kernel: expected 'auto', 'portable' or 'sm90', got '" + name + "'").c_str());
 }
 
@@ -76,7 +76,7 @@ void bind_decode(nb::module_& m) {
       .def_prop_ro("kernel",
                    [](const MlaDecodePlan& p) {
                      if (p.device < 0) return std::string("reference");
-                     return p.kernel == MlaDecodeKernel::kSm90 ? std::string("sm90") : std::string("portable");
+                     return p.kernel == MlaKernel::kSm90 ? std::string("sm90") : std::string("portable");
                    })
       .def("with_query_shape", &with_query_shape, nb::arg("s_q"), nb::arg("h_q"),
            "The same plan for q of s_q tokens and h_q heads, with s_q * h_q / h_kv equal to the plan's.");

@@ -62,7 +62,7 @@ namespace {
 template <typename Elem>
 cudaError_t launch_decode(const MlaDecodeArgs& a, const MlaDecodePlan& plan, const DenseDecodeParams& params,
                           cudaStream_t stream) {
-  if (plan.kernel == MlaDecodeKernel::kSm90) {
+  if (plan.kernel == MlaKernel::kSm90) {
     const int box_rows = sm90_box_rows(params.cache.page_size);
     CUtensorMap kv_map;
     std::string why;

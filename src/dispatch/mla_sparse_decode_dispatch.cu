@@ -57,7 +57,7 @@ Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodeP
                                   float softmax_scale, cudaStream_t stream) {
   const SparseDecodeParams params = make_sparse_decode_params(a, plan, lengths, softmax_scale);
   // The plan's kernel: its layout (rows per tile, parts) was made for that kernel.
-  if (plan.kernel == MlaDecodeKernel::kSm90) {
+  if (plan.kernel == MlaKernel::kSm90) {
     CUtensorMap q_map;
     std::string why;  // no map (unaligned q): the consumers copy Q by cp.async
     const CUtensorMap* q_by_tma =

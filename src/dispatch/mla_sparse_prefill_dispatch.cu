@@ -14,9 +14,9 @@
 namespace mlakit::detail {
 
 Status dispatch_mla_sparse_prefill(const MlaSparsePrefillArgs& a, const SparsePrefillShape& shape, float sm_scale,
-                                   MlaDecodeKernel kernel, cudaStream_t stream) {
+                                   MlaKernel kernel, cudaStream_t stream) {
   const SparsePrefillParams params = sparse_prefill_params(a, shape, sm_scale);
-  if (kernel == MlaDecodeKernel::kSm90) {
+  if (kernel == MlaKernel::kSm90) {
     CUtensorMap q_map;
     std::string why;  // no map (unaligned q): the consumers copy Q by cp.async
     const CUtensorMap* q_by_tma = make_sparse_prefill_q_tensor_map(tma_tensor(a.q), &q_map, &why) ? &q_map : nullptr;

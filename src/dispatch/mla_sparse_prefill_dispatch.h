@@ -10,6 +10,6 @@ namespace mlakit::detail {
 // Arguments already validated (validate_mla_sparse_prefill_args and _kernel_args), s_q >= 1;
 // `sm_scale` resolved (no NaN default left); `kernel` resolved (kPortable or kSm90).
 Status dispatch_mla_sparse_prefill(const MlaSparsePrefillArgs& args, const SparsePrefillShape& shape, float sm_scale,
-                                   MlaDecodeKernel kernel, cudaStream_t stream);
+                                   MlaKernel kernel, cudaStream_t stream);
 
 }  // namespace mlakit::detail

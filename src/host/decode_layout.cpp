@@ -24,11 +24,11 @@ std::size_t align_up(std::size_t x) {
 
 }  // namespace
 
-DecodeKernelTraits decode_kernel_traits(MlaDecodeKernel kernel) {
-  if (kernel == MlaDecodeKernel::kSm90) {
+DecodeKernelTraits decode_kernel_traits(MlaKernel kernel) {
+  if (kernel == MlaKernel::kSm90) {
     // 64 rows (one wgmma M) per CTA, one 227 KB CTA per SM.
     return DecodeKernelTraits{
-        .kernel = MlaDecodeKernel::kSm90,
+        .kernel = MlaKernel::kSm90,
         .rows_per_tile = 64,
         .block_n = 64,
         // A segment (Q load, store, pipeline refill) costs ~2.4 tiles at h_q 128 s_q 1 s_k~4k
@@ -43,7 +43,7 @@ DecodeKernelTraits decode_kernel_traits(MlaDecodeKernel kernel) {
     };
   }
   return DecodeKernelTraits{
-      .kernel = MlaDecodeKernel::kPortable,
+      .kernel = MlaKernel::kPortable,
       .rows_per_tile = 32,
       .block_n = 64,
       .overhead_blocks = 5,
@@ -51,21 +51,21 @@ DecodeKernelTraits decode_kernel_traits(MlaDecodeKernel kernel) {
   };
 }
 
-Status select_decode_kernel(const char* op, const DeviceInfo& device, MlaDecodeKernel request,
+Status select_decode_kernel(const char* op, const DeviceInfo& device, MlaKernel request,
                             DecodeKernelTraits* traits, const char* field) {
   const bool hopper = device.cc_major == 9 && device.cc_minor == 0;
-  if (request == MlaDecodeKernel::kSm90 && !hopper) {
+  if (request == MlaKernel::kSm90 && !hopper) {
     return Status(StatusCode::kUnsupportedArchitecture,
                   std::string(op) + ": " + field + ": kSm90 expected a compute capability 9.0 device, got " +
                       std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
   }
-  if (request != MlaDecodeKernel::kAuto && request != MlaDecodeKernel::kPortable &&
-      request != MlaDecodeKernel::kSm90) {
+  if (request != MlaKernel::kAuto && request != MlaKernel::kPortable &&
+      request != MlaKernel::kSm90) {
     return invalid(op, std::string(field) + ": expected kAuto, kPortable or kSm90, got " +
                            std::to_string(static_cast<int>(request)));
   }
-  const bool sm90 = request == MlaDecodeKernel::kSm90 || (request == MlaDecodeKernel::kAuto && hopper);
-  *traits = decode_kernel_traits(sm90 ? MlaDecodeKernel::kSm90 : MlaDecodeKernel::kPortable);
+  const bool sm90 = request == MlaKernel::kSm90 || (request == MlaKernel::kAuto && hopper);
+  *traits = decode_kernel_traits(sm90 ? MlaKernel::kSm90 : MlaKernel::kPortable);
   return Status::ok();
 }
 
@@ -121,7 +121,7 @@ Status validate_decode_problem(const char* op, const MlaDecodeProblem& p) {
 }
 
 Status make_decode_layout(const MlaDecodeProblem& p, const DeviceInfo& device,
-                          MlaDecodePlan* plan, MlaDecodeKernel request, const char* op) {
+                          MlaDecodePlan* plan, MlaKernel request, const char* op) {
   MLAKIT_RETURN_IF_ERROR(validate_decode_problem(op, p));
   DecodeKernelTraits traits;
   MLAKIT_RETURN_IF_ERROR(select_decode_kernel(op, device, request, &traits));
@@ -174,7 +174,7 @@ WholeSequenceParts whole_sequence_parts(int64_t sequences, int64_t blocks, const
 }
 
 Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, int topk, bool with_topk_length,
-                                 const DeviceInfo& device, MlaDecodeKernel request, MlaDecodePlan* plan) {
+                                 const DeviceInfo& device, MlaKernel request, MlaDecodePlan* plan) {
   MlaDecodePlan out;
   MLAKIT_RETURN_IF_ERROR(make_decode_layout(scheduled, device, &out, request));
   out.sparse_topk = topk;  // the schedule covers topk keys per row: checked by the decode

@@ -12,7 +12,7 @@ namespace mlakit::detail {
 
 // Fixed properties of a decode kernel family that the scheduler and the layout depend on.
 struct DecodeKernelTraits {
-  MlaDecodeKernel kernel;
+  MlaKernel kernel;
   int rows_per_tile;    // query rows per CTA
   int block_n;          // keys per scheduling block
   int overhead_blocks;  // scheduling cost of one segment, in blocks
@@ -24,9 +24,9 @@ inline constexpr int kWorkspaceAlignment = 256;
 // The kernel family for a device and request: kSm90 on compute capability 9.0 (unless the
 // portable kernel is asked for), kPortable elsewhere. Asking for kSm90 elsewhere is an error.
 // `field` names the request in error messages.
-Status select_decode_kernel(const char* op, const DeviceInfo& device, MlaDecodeKernel request,
+Status select_decode_kernel(const char* op, const DeviceInfo& device, MlaKernel request,
                             DecodeKernelTraits* traits, const char* field = "options.kernel");
-DecodeKernelTraits decode_kernel_traits(MlaDecodeKernel kernel);
+DecodeKernelTraits decode_kernel_traits(MlaKernel kernel);
 
 // Query rows per kv head: s_q * h_q / h_kv.
 int64_t decode_rows(const MlaDecodeProblem& problem);
@@ -55,7 +55,7 @@ inline bool is_empty_problem(const MlaDecodeProblem& p) { return p.b == 0 || p.s
 // crosses s - 1 of the num_parts - 1 part boundaries, so sum(s) <= 2 * (num_parts - 1).
 // `op` names the entry point in errors.
 Status make_decode_layout(const MlaDecodeProblem& problem, const DeviceInfo& device,
-                          MlaDecodePlan* plan, MlaDecodeKernel request = MlaDecodeKernel::kAuto,
+                          MlaDecodePlan* plan, MlaKernel request = MlaKernel::kAuto,
                           const char* op = "mla_decode_plan");
 
 // Sets plan->num_parts and lays the workspace regions out again for it (part ranges and
@@ -91,7 +91,7 @@ WholeSequenceParts whole_sequence_parts(int64_t sequences, int64_t blocks, const
 // `topk`; without topk_length every length is topk, and whole_sequence_parts may lower
 // num_parts (the regions follow) and set no_splits. Never more workspace than the default.
 Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, int topk, bool with_topk_length,
-                                 const DeviceInfo& device, MlaDecodeKernel request, MlaDecodePlan* plan);
+                                 const DeviceInfo& device, MlaKernel request, MlaDecodePlan* plan);
 
 // Checks the caller's workspace against `layout` (non-null, 256-byte aligned, large enough,
 // device memory) and attaches it.

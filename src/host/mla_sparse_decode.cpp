@@ -48,7 +48,7 @@ detail::SeqLengths sparse_lengths(const TensorRef& topk_length, int topk, int s_
 
 // The problem's kernel request, named as the sparse API spells it (the dense layout code
 // would report it as options.kernel).
-Status check_kernel_request(const char* op, const detail::DeviceInfo& dev, MlaDecodeKernel request) {
+Status check_kernel_request(const char* op, const detail::DeviceInfo& dev, MlaKernel request) {
   detail::DecodeKernelTraits traits;
   return detail::select_decode_kernel(op, dev, request, &traits, "problem.kernel");
 }

@@ -19,7 +19,7 @@ Status mla_sparse_prefill(const MlaSparsePrefillArgs& args, cudaStream_t stream)
   constexpr const char* kOp = "mla_sparse_prefill";
   detail::SparsePrefillShape shape;
   MLAKIT_RETURN_IF_ERROR(detail::validate_mla_sparse_prefill_args(kOp, args, /*allow_float_out=*/false, &shape));
-  const int rows_per_cta = detail::decode_kernel_traits(MlaDecodeKernel::kPortable).rows_per_tile;
+  const int rows_per_cta = detail::decode_kernel_traits(MlaKernel::kPortable).rows_per_tile;
   MLAKIT_RETURN_IF_ERROR(detail::validate_mla_sparse_prefill_kernel_args(kOp, args, shape, rows_per_cta));
   detail::DeviceInfo dev;
   MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));

@@ -28,7 +28,7 @@ struct ScheduledSegment {
 };
 
 // The segments of part range r in the order the kernels walk them (SegmentCursor,
-// src/kernels/decode_rows.cuh): for the tests and the timeline tool.
+// src/kernels/attention_rows.cuh): for the tests and the timeline tool.
 std::vector<ScheduledSegment> part_segments(const PartRange& r, const SeqLengths& lengths, int block_n);
 // Dense decode: sequence i has length seqlens[i].
 DecodeSchedule schedule_on_host(const int32_t* seqlens, int64_t b, const ScheduleConfig& config);

@@ -29,7 +29,7 @@ DeviceInfo h100() {
 // The traits make_decode_layout picks for `dev` when the kernel is left to it.
 DecodeKernelTraits auto_traits(const DeviceInfo& dev) {
   DecodeKernelTraits t;
-  EXPECT_TRUE(select_decode_kernel("test", dev, MlaDecodeKernel::kAuto, &t).is_ok());
+  EXPECT_TRUE(select_decode_kernel("test", dev, MlaKernel::kAuto, &t).is_ok());
   return t;
 }
 
@@ -79,8 +79,8 @@ void check_layout(const MlaDecodePlan& plan) {
 TEST(DecodeLayout, WorkedExampleOfTheHeader) {
   // H100 (132 SMs), portable kernel (2 CTAs/SM, 32 rows/tile), h_q 128 h_kv 1 s_q 1.
   const MlaDecodeProblem p = problem(4, 1, 128, 1);
-  const DecodeKernelTraits t = decode_kernel_traits(MlaDecodeKernel::kPortable);
-  EXPECT_EQ(t.kernel, MlaDecodeKernel::kPortable);
+  const DecodeKernelTraits t = decode_kernel_traits(MlaKernel::kPortable);
+  EXPECT_EQ(t.kernel, MlaKernel::kPortable);
   EXPECT_EQ(t.rows_per_tile, 32);
   EXPECT_EQ(t.ctas_per_sm, 2);
   EXPECT_EQ(decode_rows(p), 128);
@@ -88,7 +88,7 @@ TEST(DecodeLayout, WorkedExampleOfTheHeader) {
   EXPECT_EQ(decode_num_parts(p, t, 132), 66);
 
   MlaDecodePlan plan;
-  ASSERT_TRUE(make_decode_layout(p, h100(), &plan, MlaDecodeKernel::kPortable).is_ok());
+  ASSERT_TRUE(make_decode_layout(p, h100(), &plan, MlaKernel::kPortable).is_ok());
   EXPECT_EQ(plan.num_parts, 66);
   EXPECT_EQ(plan.partial_slots, 132);
   EXPECT_EQ(plan.block_n, t.block_n);
@@ -104,26 +104,26 @@ TEST(DecodeLayout, WorkedExampleOfTheHeader) {
 TEST(DecodeLayout, HopperKernelOnComputeCapability90) {
   // Hopper kernel: 64 rows per CTA, 1 CTA per SM: h_q 128 s_q 1 -> 2 tiles -> 66 parts.
   const DecodeKernelTraits t = auto_traits(h100());
-  EXPECT_EQ(t.kernel, MlaDecodeKernel::kSm90);
+  EXPECT_EQ(t.kernel, MlaKernel::kSm90);
   EXPECT_EQ(t.rows_per_tile, 64);
   EXPECT_EQ(decode_num_parts(problem(4, 1, 128, 1), t, 132), 66);
   EXPECT_EQ(decode_num_parts(problem(4, 1, 16, 1), t, 132), 132);
   MlaDecodePlan plan;
   ASSERT_TRUE(make_decode_layout(problem(4, 1, 128, 1), h100(), &plan).is_ok());
-  EXPECT_EQ(plan.kernel, MlaDecodeKernel::kSm90);
+  EXPECT_EQ(plan.kernel, MlaKernel::kSm90);
   check_layout(plan);
   // Other architectures: the portable kernel, and kSm90 is refused by name.
   const DeviceInfo a100{.ordinal = 0, .sm_count = 108, .cc_major = 8, .cc_minor = 0};
-  EXPECT_EQ(auto_traits(a100).kernel, MlaDecodeKernel::kPortable);
+  EXPECT_EQ(auto_traits(a100).kernel, MlaKernel::kPortable);
   DecodeKernelTraits unused;
-  EXPECT_TRUE(StatusIs(select_decode_kernel("op", a100, MlaDecodeKernel::kSm90, &unused),
+  EXPECT_TRUE(StatusIs(select_decode_kernel("op", a100, MlaKernel::kSm90, &unused),
                        StatusCode::kUnsupportedArchitecture, {"options.kernel", "9.0", "8.0"}));
-  EXPECT_TRUE(IsInvalid(select_decode_kernel("op", h100(), static_cast<MlaDecodeKernel>(7), &unused),
+  EXPECT_TRUE(IsInvalid(select_decode_kernel("op", h100(), static_cast<MlaKernel>(7), &unused),
                         {"options.kernel", "got 7"}));
 }
 
 TEST(DecodeLayout, RowsTilesAndParts) {
-  const DecodeKernelTraits t = decode_kernel_traits(MlaDecodeKernel::kPortable);
+  const DecodeKernelTraits t = decode_kernel_traits(MlaKernel::kPortable);
   // rows = s_q * h_q / h_kv
   EXPECT_EQ(decode_rows(problem(1, 2, 128, 1)), 256);
   EXPECT_EQ(decode_rows(problem(1, 4, 6, 2)), 12);
@@ -153,7 +153,7 @@ TEST(DecodeLayout, PlanChargesTheKernelsSegmentOverheadForEveryShape) {
   // (h_q 128, h_q 16 s_q 8, h_q 64 s_q 2): one segment charge per kernel family.
   const MlaDecodeProblem shapes[] = {problem(32, 1, 16, 1),  problem(32, 1, 64, 1), problem(8, 2, 64, 2),
                                      problem(32, 1, 128, 1), problem(32, 8, 16, 1), problem(8, 2, 64, 1)};
-  for (MlaDecodeKernel kernel : {MlaDecodeKernel::kSm90, MlaDecodeKernel::kPortable}) {
+  for (MlaKernel kernel : {MlaKernel::kSm90, MlaKernel::kPortable}) {
     const DecodeKernelTraits t = decode_kernel_traits(kernel);
     ASSERT_GE(t.overhead_blocks, 1);
     for (const MlaDecodeProblem& p : shapes) {

@@ -21,8 +21,8 @@ int64_t product_or(int64_t a, int64_t b, int64_t fallback) {
 
 int random_int(Rng& rng, int lo, int hi) { return rng.chance(0.05) ? rng.edge_int() : static_cast<int>(rng.uniform(lo, hi)); }
 
-MlaDecodeKernel random_kernel(Rng& rng) {
-  return static_cast<MlaDecodeKernel>(rng.chance(0.9) ? static_cast<int>(rng.uniform(-1, 1)) : rng.edge_int());
+MlaKernel random_kernel(Rng& rng) {
+  return static_cast<MlaKernel>(rng.chance(0.9) ? static_cast<int>(rng.uniform(-1, 1)) : rng.edge_int());
 }
 
 // A plan for the GPU decodes: empty, or plausible fields (never a real workspace: the

@@ -38,7 +38,7 @@ void run_sparse_prefill(Rng& rng, Recorder& rec, int64_t index, bool reference) 
   const std::optional<float> scale = random_scale(rng);
   const int d_v = rng.chance(0.95) ? 512 : rng.edge_int();
   const auto lse_base = static_cast<LseBase>(rng.chance(0.9) ? static_cast<int>(rng.uniform(0, 1)) : rng.edge_int());
-  const auto kernel = static_cast<MlaDecodeKernel>(rng.chance(0.9) ? static_cast<int>(rng.uniform(-1, 1)) : rng.edge_int());
+  const auto kernel = static_cast<MlaKernel>(rng.chance(0.9) ? static_cast<int>(rng.uniform(-1, 1)) : rng.edge_int());
   const int threads = reference_threads(rng);
   c.scalars = {{"sm_scale", str(scale)},
                {"d_v", std::to_string(d_v)},

@@ -94,7 +94,7 @@ TEST(WholeSequenceParts, BenchmarkShapesGet64PartsOfWholeSequences) {
   // The default schedule: the sparse plan made with topk_length (no whole-sequence choice).
   MlaDecodePlan varying;
   ASSERT_TRUE(make_sparse_decode_layout(MlaDecodeProblem{.b = 128, .s_q = 1, .h_q = 128, .h_kv = 1}, 2048, true,
-                                        h100(), MlaDecodeKernel::kSm90, &varying)
+                                        h100(), MlaKernel::kSm90, &varying)
                   .is_ok());
   const ScheduleConfig def{
       .num_parts = varying.num_parts, .block_n = varying.block_n, .overhead_blocks = varying.overhead_blocks};
@@ -233,14 +233,14 @@ TEST(SparseDecodeLayout, WholeSequencesOnlyWithoutTopkLength) {
   // b 64 s_q 2 h_q 128 topk 2048 (the scheduled problem: 128 sequences of h_q rows).
   const MlaDecodeProblem scheduled{.b = 128, .s_q = 1, .h_q = 128, .h_kv = 1};
   MlaDecodePlan dense, uniform, varying;
-  ASSERT_TRUE(make_decode_layout(scheduled, h100(), &dense, MlaDecodeKernel::kAuto).is_ok());
-  ASSERT_TRUE(make_sparse_decode_layout(scheduled, 2048, false, h100(), MlaDecodeKernel::kAuto, &uniform).is_ok());
-  ASSERT_TRUE(make_sparse_decode_layout(scheduled, 2048, true, h100(), MlaDecodeKernel::kAuto, &varying).is_ok());
+  ASSERT_TRUE(make_decode_layout(scheduled, h100(), &dense, MlaKernel::kAuto).is_ok());
+  ASSERT_TRUE(make_sparse_decode_layout(scheduled, 2048, false, h100(), MlaKernel::kAuto, &uniform).is_ok());
+  ASSERT_TRUE(make_sparse_decode_layout(scheduled, 2048, true, h100(), MlaKernel::kAuto, &varying).is_ok());
   EXPECT_EQ(dense.num_parts, 66);
   EXPECT_FALSE(dense.no_splits);
   EXPECT_EQ(dense.sparse_topk, 0);
 
-  EXPECT_EQ(uniform.kernel, MlaDecodeKernel::kSm90);
+  EXPECT_EQ(uniform.kernel, MlaKernel::kSm90);
   EXPECT_EQ(uniform.num_parts, 64);
   EXPECT_TRUE(uniform.no_splits);
   EXPECT_EQ(uniform.sparse_topk, 2048);
@@ -256,7 +256,7 @@ TEST(SparseDecodeLayout, WholeSequencesOnlyWithoutTopkLength) {
 
   // The portable kernel (32 rows, 2 CTAs per SM: also 66 parts at h_q 128) gets the same.
   MlaDecodePlan portable;
-  ASSERT_TRUE(make_sparse_decode_layout(scheduled, 2048, false, h100(), MlaDecodeKernel::kPortable, &portable).is_ok());
+  ASSERT_TRUE(make_sparse_decode_layout(scheduled, 2048, false, h100(), MlaKernel::kPortable, &portable).is_ok());
   EXPECT_EQ(portable.num_parts, 64);
   EXPECT_TRUE(portable.no_splits);
 }

@@ -138,10 +138,10 @@ TEST_P(MlaDecodeSweep, MatchesReference) {
 
   // Every kernel family the device has: the portable kernel everywhere, the Hopper kernel on
   // compute capability 9.0 (kAuto picks it there).
-  std::vector<MlaDecodeKernel> kernels = {MlaDecodeKernel::kPortable};
-  if (is_hopper()) kernels.push_back(MlaDecodeKernel::kSm90);
-  for (MlaDecodeKernel kernel : kernels) {
-    SCOPED_TRACE(kernel == MlaDecodeKernel::kSm90 ? "kernel sm90" : "kernel portable");
+  std::vector<MlaKernel> kernels = {MlaKernel::kPortable};
+  if (is_hopper()) kernels.push_back(MlaKernel::kSm90);
+  for (MlaKernel kernel : kernels) {
+    SCOPED_TRACE(kernel == MlaKernel::kSm90 ? "kernel sm90" : "kernel portable");
     const MlaDecodeOptions options{.kernel = kernel};
     DeviceBuffer workspace = make_workspace(hc.problem(), options);
     MlaDecodePlan plan;

@@ -60,12 +60,12 @@ std::vector<SparseSweepCase> sparse_cases() {
 }
 
 // Every case on both kernels (the Hopper one only on compute capability 9.0).
-class MlaSparseDecodeSweep : public ::testing::TestWithParam<std::tuple<SparseSweepCase, MlaDecodeKernel>> {};
+class MlaSparseDecodeSweep : public ::testing::TestWithParam<std::tuple<SparseSweepCase, MlaKernel>> {};
 
 TEST_P(MlaSparseDecodeSweep, MatchesReference) {
   MLAKIT_SKIP_WITHOUT_GPU();
-  const MlaDecodeKernel kernel = std::get<1>(GetParam());
-  if (kernel == MlaDecodeKernel::kSm90 && !is_hopper()) GTEST_SKIP() << "needs a compute capability 9.0 GPU";
+  const MlaKernel kernel = std::get<1>(GetParam());
+  if (kernel == MlaKernel::kSm90 && !is_hopper()) GTEST_SKIP() << "needs a compute capability 9.0 GPU";
   support::HostSparseCase c = support::make_sparse_case(std::get<0>(GetParam()).spec);
   MlaSparseDecodeProblem problem = c.problem();
   problem.kernel = kernel;
@@ -97,10 +97,10 @@ TEST_P(MlaSparseDecodeSweep, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Sweep, MlaSparseDecodeSweep,
                          ::testing::Combine(::testing::ValuesIn(sparse_cases()),
-                                            ::testing::Values(MlaDecodeKernel::kPortable, MlaDecodeKernel::kSm90)),
-                         [](const ::testing::TestParamInfo<std::tuple<SparseSweepCase, MlaDecodeKernel>>& info) {
+                                            ::testing::Values(MlaKernel::kPortable, MlaKernel::kSm90)),
+                         [](const ::testing::TestParamInfo<std::tuple<SparseSweepCase, MlaKernel>>& info) {
                            return std::get<0>(info.param).name() +
-                                  (std::get<1>(info.param) == MlaDecodeKernel::kSm90 ? "_sm90" : "_portable");
+                                  (std::get<1>(info.param) == MlaKernel::kSm90 ? "_sm90" : "_portable");
                          });
 
 // Without topk_length a plan may hold whole sequences per part: every output is then
@@ -112,10 +112,10 @@ TEST(MlaSparseDecodeWholeSequences, WrittenWithoutCombine) {
   MLAKIT_SKIP_WITHOUT_GPU();
   detail::DeviceInfo dev;
   ASSERT_TRUE(detail::current_device_info(&dev));
-  std::vector<MlaDecodeKernel> kernels = {MlaDecodeKernel::kPortable};
-  if (is_hopper()) kernels.push_back(MlaDecodeKernel::kSm90);
-  for (const MlaDecodeKernel kernel : kernels) {
-    SCOPED_TRACE(kernel == MlaDecodeKernel::kSm90 ? "sm90" : "portable");
+  std::vector<MlaKernel> kernels = {MlaKernel::kPortable};
+  if (is_hopper()) kernels.push_back(MlaKernel::kSm90);
+  for (const MlaKernel kernel : kernels) {
+    SCOPED_TRACE(kernel == MlaKernel::kSm90 ? "sm90" : "portable");
     const detail::DecodeKernelTraits traits = detail::decode_kernel_traits(kernel);
     const MlaDecodeProblem per_token{.b = 1, .s_q = 1, .h_q = 128, .h_kv = 1};
     const int default_parts = detail::decode_num_parts(per_token, traits, dev.sm_count);
@@ -261,7 +261,7 @@ TEST(MlaSparseDecodeValidation, KernelRequest) {
   MLAKIT_SKIP_WITHOUT_GPU();
   support::HostSparseCase c = support::make_sparse_case({.b = 2, .s_q = 1, .h_q = 16, .topk = 64, .seed = 4});
   MlaSparseDecodeProblem problem = c.problem();
-  problem.kernel = static_cast<MlaDecodeKernel>(7);
+  problem.kernel = static_cast<MlaKernel>(7);
   std::size_t bytes = 0;
   Status s = mla_sparse_decode_workspace_size(problem, &bytes);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -274,7 +274,7 @@ TEST(MlaSparseDecodeValidation, KernelRequest) {
   EXPECT_NE(s.message().find("mla_sparse_decode_plan: problem.kernel: expected kAuto, kPortable or kSm90, got 7"),
             std::string::npos)
       << s.message();
-  problem.kernel = MlaDecodeKernel::kSm90;
+  problem.kernel = MlaKernel::kSm90;
   s = mla_sparse_decode_workspace_size(problem, &bytes);
   if (is_hopper()) {
     EXPECT_TRUE(s) << s.to_string();
@@ -283,11 +283,11 @@ TEST(MlaSparseDecodeValidation, KernelRequest) {
     EXPECT_NE(s.message().find("problem.kernel: kSm90 expected a compute capability 9.0 device"), std::string::npos)
         << s.message();
   }
-  problem.kernel = MlaDecodeKernel::kAuto;
+  problem.kernel = MlaKernel::kAuto;
   ASSERT_TRUE(mla_sparse_decode_workspace_size(problem, &bytes));
   DeviceBuffer auto_ws(bytes);
   ASSERT_TRUE(mla_sparse_decode_plan(problem, TensorRef{}, auto_ws.get(), bytes, nullptr, &plan));
-  EXPECT_EQ(plan.kernel, is_hopper() ? MlaDecodeKernel::kSm90 : MlaDecodeKernel::kPortable);
+  EXPECT_EQ(plan.kernel, is_hopper() ? MlaKernel::kSm90 : MlaKernel::kPortable);
 }
 
 }  // namespace

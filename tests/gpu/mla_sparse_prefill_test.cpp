@@ -69,12 +69,12 @@ std::vector<PrefillCase> prefill_cases() {
 }
 
 // Every case on both kernels (the Hopper one only on compute capability 9.0).
-class MlaSparsePrefillSweep : public ::testing::TestWithParam<std::tuple<PrefillCase, MlaDecodeKernel>> {};
+class MlaSparsePrefillSweep : public ::testing::TestWithParam<std::tuple<PrefillCase, MlaKernel>> {};
 
 TEST_P(MlaSparsePrefillSweep, MatchesReference) {
   MLAKIT_SKIP_WITHOUT_GPU();
-  const MlaDecodeKernel kernel = std::get<1>(GetParam());
-  if (kernel == MlaDecodeKernel::kSm90 && !is_hopper()) GTEST_SKIP() << "needs a compute capability 9.0 GPU";
+  const MlaKernel kernel = std::get<1>(GetParam());
+  if (kernel == MlaKernel::kSm90 && !is_hopper()) GTEST_SKIP() << "needs a compute capability 9.0 GPU";
   const support::HostSparsePrefillCase c = support::make_sparse_prefill_case(std::get<0>(GetParam()).spec);
   const support::SparsePrefillSpec& s = c.spec;
   const support::SparsePrefillReference ref = support::run_sparse_prefill_reference(c);
@@ -138,10 +138,10 @@ TEST_P(MlaSparsePrefillSweep, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Sweep, MlaSparsePrefillSweep,
                          ::testing::Combine(::testing::ValuesIn(prefill_cases()),
-                                            ::testing::Values(MlaDecodeKernel::kPortable, MlaDecodeKernel::kSm90)),
-                         [](const ::testing::TestParamInfo<std::tuple<PrefillCase, MlaDecodeKernel>>& info) {
+                                            ::testing::Values(MlaKernel::kPortable, MlaKernel::kSm90)),
+                         [](const ::testing::TestParamInfo<std::tuple<PrefillCase, MlaKernel>>& info) {
                            return std::get<0>(info.param).name +
-                                  (std::get<1>(info.param) == MlaDecodeKernel::kSm90 ? "_sm90" : "_portable");
+                                  (std::get<1>(info.param) == MlaKernel::kSm90 ? "_sm90" : "_portable");
                          });
 
 // Two launches of the same problem give the same bits (no races, no order dependence), and a
@@ -203,18 +203,18 @@ TEST(MlaSparsePrefillValidation, DevicePathErrors) {
   s = mla_sparse_prefill(args, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
   args.q.shape[2] = args.kv.shape[2] = 576;
-  args.kernel = static_cast<MlaDecodeKernel>(7);
+  args.kernel = static_cast<MlaKernel>(7);
   s = mla_sparse_prefill(args, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
   EXPECT_NE(s.message().find("kernel: expected kAuto, kPortable or kSm90, got 7"), std::string::npos) << s.message();
-  args.kernel = MlaDecodeKernel::kSm90;
+  args.kernel = MlaKernel::kSm90;
   s = mla_sparse_prefill(args, nullptr);
   if (is_hopper()) {
     EXPECT_TRUE(s) << s.to_string();
   } else {
     EXPECT_EQ(s.code(), StatusCode::kUnsupportedArchitecture) << s.to_string();
   }
-  args.kernel = MlaDecodeKernel::kAuto;
+  args.kernel = MlaKernel::kAuto;
   s = mla_sparse_prefill(args, nullptr);
   EXPECT_TRUE(s) << s.to_string();
   MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());

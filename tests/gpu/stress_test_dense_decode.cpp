@@ -112,7 +112,7 @@ DenseCase random_case(int index) {
 }
 
 // Builds, plans and calls one case, adding it to the tally.
-void run_case(const DenseCase& dc, const std::string& name, MlaDecodeKernel kernel, stress::Tally* tally) {
+void run_case(const DenseCase& dc, const std::string& name, MlaKernel kernel, stress::Tally* tally) {
   const support::HostDecodeCase hc = support::make_decode_case(dc.spec);
   const support::ReferenceResult ref = support::run_reference(hc);
   ASSERT_FALSE(stress::has_nan(ref.out) || stress::has_nan(ref.lse)) << name << ": the reference has NaN";
@@ -144,10 +144,10 @@ void run_case(const DenseCase& dc, const std::string& name, MlaDecodeKernel kern
   EXPECT_TRUE(r.failure.empty()) << name << ", kernel " << stress::kernel_name(kernel) << ": " << r.failure;
 }
 
-class DenseDecode : public ::testing::TestWithParam<MlaDecodeKernel> {};
+class DenseDecode : public ::testing::TestWithParam<MlaKernel> {};
 
 TEST_P(DenseDecode, RepeatedCallsAreExactAndCorrect) {
-  const MlaDecodeKernel kernel = GetParam();
+  const MlaKernel kernel = GetParam();
   if (const std::string why = stress::why_kernel_cannot_run(kernel); !why.empty()) GTEST_SKIP() << why;
   const std::vector<DenseCase> coverage = coverage_cases();
   stress::Tally tally("dense decode", kernel);
@@ -159,7 +159,7 @@ TEST_P(DenseDecode, RepeatedCallsAreExactAndCorrect) {
   tally.print();
 }
 
-INSTANTIATE_TEST_SUITE_P(Stress, DenseDecode, ::testing::Values(MlaDecodeKernel::kPortable, MlaDecodeKernel::kSm90),
+INSTANTIATE_TEST_SUITE_P(Stress, DenseDecode, ::testing::Values(MlaKernel::kPortable, MlaKernel::kSm90),
                          stress::kernel_param_name);
 
 }  // namespace

@@ -63,7 +63,7 @@ SparseCase make_case(int64_t b, int s_q, int h_q, int topk, int64_t page, int64_
 // Sequences of topk 128 (two key blocks) that the plan lays out two whole ones per part, no
 // split, no combine (detail::whole_sequence_parts with sequences = 2 * parts): the benchmark's
 // schedule (b 64 / 128, topk 2048) at small scale. The count depends on the kernel and the SMs.
-int64_t whole_parts_sequences(MlaDecodeKernel kernel, int h_q) {
+int64_t whole_parts_sequences(MlaKernel kernel, int h_q) {
   detail::DeviceInfo dev;
   if (!detail::current_device_info(&dev)) return 2;
   const MlaDecodeProblem per_token{.b = 1, .s_q = 1, .h_q = h_q, .h_kv = 1};
@@ -74,7 +74,7 @@ int64_t whole_parts_sequences(MlaDecodeKernel kernel, int h_q) {
 // fb4eece, FlashMLA's shape at small scale, h_q 16 / 32 / 64 / 96 (Q by cp.async on the sm90
 // kernel) / 128, pages 64 and others (1, 16, 53, 256), topk 64 to 4096 (65: a one-key last
 // block), topk_length, the sink, split plans, unsplit ones and whole-sequence ones.
-std::vector<SparseCase> coverage_cases(MlaDecodeKernel kernel) {
+std::vector<SparseCase> coverage_cases(MlaKernel kernel) {
   // Race reproducer: b 2, h_q 128, 4096 tokens per sequence in shuffled pages of 64, 2048
   // distinct valid indices per row, NaN in every unlisted token.
   SparseCase race = make_case(2, 1, 128, 2048, 64, 128, false, false, Expect::kSplit, 1);
@@ -138,7 +138,7 @@ void list_distinct_tokens_per_sequence(support::HostSparseCase* c) {
   }
 }
 
-void run_case(const SparseCase& sc, const std::string& name, MlaDecodeKernel kernel, stress::Tally* tally) {
+void run_case(const SparseCase& sc, const std::string& name, MlaKernel kernel, stress::Tally* tally) {
   support::HostSparseCase hc = support::make_sparse_case(sc.spec);
   if (sc.distinct_per_sequence) list_distinct_tokens_per_sequence(&hc);
   if (hc.spec.with_topk_length && hc.spec.b >= 3) {
@@ -187,10 +187,10 @@ void run_case(const SparseCase& sc, const std::string& name, MlaDecodeKernel ker
   EXPECT_TRUE(r.failure.empty()) << name << ", kernel " << stress::kernel_name(kernel) << ": " << r.failure;
 }
 
-class SparseDecode : public ::testing::TestWithParam<MlaDecodeKernel> {};
+class SparseDecode : public ::testing::TestWithParam<MlaKernel> {};
 
 TEST_P(SparseDecode, RepeatedCallsAreExactAndCorrect) {
-  const MlaDecodeKernel kernel = GetParam();
+  const MlaKernel kernel = GetParam();
   if (const std::string why = stress::why_kernel_cannot_run(kernel); !why.empty()) GTEST_SKIP() << why;
   const std::vector<SparseCase> coverage = coverage_cases(kernel);
   stress::Tally tally("sparse decode", kernel);
@@ -202,7 +202,7 @@ TEST_P(SparseDecode, RepeatedCallsAreExactAndCorrect) {
   tally.print();
 }
 
-INSTANTIATE_TEST_SUITE_P(Stress, SparseDecode, ::testing::Values(MlaDecodeKernel::kPortable, MlaDecodeKernel::kSm90),
+INSTANTIATE_TEST_SUITE_P(Stress, SparseDecode, ::testing::Values(MlaKernel::kPortable, MlaKernel::kSm90),
                          stress::kernel_param_name);
 
 }  // namespace

@@ -126,7 +126,7 @@ std::string check_call(const support::HostSparsePrefillCase& c, const support::S
   return bad;
 }
 
-void run_case(const Spec& spec, const std::string& name, MlaDecodeKernel kernel, stress::Tally* tally) {
+void run_case(const Spec& spec, const std::string& name, MlaKernel kernel, stress::Tally* tally) {
   support::HostSparsePrefillCase c = support::make_sparse_prefill_case(spec);
   if (spec.with_topk_length && spec.s_q >= 3) {
     c.topk_length[1] = 1;  // one key
@@ -155,10 +155,10 @@ void run_case(const Spec& spec, const std::string& name, MlaDecodeKernel kernel,
   EXPECT_TRUE(r.failure.empty()) << name << ", kernel " << stress::kernel_name(kernel) << ": " << r.failure;
 }
 
-class SparsePrefill : public ::testing::TestWithParam<MlaDecodeKernel> {};
+class SparsePrefill : public ::testing::TestWithParam<MlaKernel> {};
 
 TEST_P(SparsePrefill, RepeatedCallsAreExactAndCorrect) {
-  const MlaDecodeKernel kernel = GetParam();
+  const MlaKernel kernel = GetParam();
   if (const std::string why = stress::why_kernel_cannot_run(kernel); !why.empty()) GTEST_SKIP() << why;
   const std::vector<Spec> coverage = coverage_cases();
   stress::Tally tally("sparse prefill", kernel, /*planned=*/false);  // one CTA covers all of a token's keys
@@ -170,7 +170,7 @@ TEST_P(SparsePrefill, RepeatedCallsAreExactAndCorrect) {
   tally.print();
 }
 
-INSTANTIATE_TEST_SUITE_P(Stress, SparsePrefill, ::testing::Values(MlaDecodeKernel::kPortable, MlaDecodeKernel::kSm90),
+INSTANTIATE_TEST_SUITE_P(Stress, SparsePrefill, ::testing::Values(MlaKernel::kPortable, MlaKernel::kSm90),
                          stress::kernel_param_name);
 
 }  // namespace

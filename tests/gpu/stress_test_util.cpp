@@ -58,18 +58,18 @@ const Knobs& knobs() {
   return k;
 }
 
-const char* kernel_name(MlaDecodeKernel kernel) {
-  return kernel == MlaDecodeKernel::kSm90 ? "sm90" : "portable";
+const char* kernel_name(MlaKernel kernel) {
+  return kernel == MlaKernel::kSm90 ? "sm90" : "portable";
 }
 
-std::string kernel_param_name(const ::testing::TestParamInfo<MlaDecodeKernel>& info) {
+std::string kernel_param_name(const ::testing::TestParamInfo<MlaKernel>& info) {
   return kernel_name(info.param);
 }
 
-std::string why_kernel_cannot_run(MlaDecodeKernel kernel) {
+std::string why_kernel_cannot_run(MlaKernel kernel) {
   std::string why;
   if (!gpu_available(&why)) return "GPU test skipped: " + why;
-  if (kernel == MlaDecodeKernel::kSm90 && !is_hopper()) return "the sm90 kernel needs a compute capability 9.0 GPU";
+  if (kernel == MlaKernel::kSm90 && !is_hopper()) return "the sm90 kernel needs a compute capability 9.0 GPU";
   return "";
 }
 

@@ -35,11 +35,11 @@ struct Knobs {
 };
 const Knobs& knobs();
 
-const char* kernel_name(MlaDecodeKernel kernel);  // "portable" / "sm90"
-std::string kernel_param_name(const ::testing::TestParamInfo<MlaDecodeKernel>& info);
+const char* kernel_name(MlaKernel kernel);  // "portable" / "sm90"
+std::string kernel_param_name(const ::testing::TestParamInfo<MlaKernel>& info);
 
 // Why `kernel` cannot run on this machine; empty when it can.
-std::string why_kernel_cannot_run(MlaDecodeKernel kernel);
+std::string why_kernel_cannot_run(MlaKernel kernel);
 
 // Random choices of one case, seeded from (knobs().seed, op, case index).
 class CaseRng {
@@ -104,7 +104,7 @@ bool has_nan(const std::vector<float>& v);
 class Tally {
  public:
   // planned: the op has a plan whose splits are worth counting.
-  Tally(const char* op, MlaDecodeKernel kernel, bool planned = true) : op_(op), kernel_(kernel), planned_(planned) {}
+  Tally(const char* op, MlaKernel kernel, bool planned = true) : op_(op), kernel_(kernel), planned_(planned) {}
   void add(const RepeatResult& r, bool split);
   int64_t calls() const { return calls_; }
   int failed_cases() const { return failed_; }
@@ -112,7 +112,7 @@ class Tally {
 
  private:
   const char* op_;
-  MlaDecodeKernel kernel_;
+  MlaKernel kernel_;
   bool planned_;
   int64_t calls_ = 0;
   int cases_ = 0, split_ = 0, failed_ = 0;

@@ -17,7 +17,7 @@
 #include <cmath>
 
 #include "device/numeric.cuh"
-#include "kernels/decode_rows.cuh"
+#include "kernels/attention_rows.cuh"
 #include "kernels/mla_params.h"
 
 namespace mlakit::detail::portable {

@@ -40,7 +40,7 @@
 #include "device/cp_async.cuh"
 #include "device/mma_sm80.cuh"
 #include "device/numeric.cuh"
-#include "kernels/decode_rows.cuh"
+#include "kernels/attention_rows.cuh"
 #include "kernels/mla_params.h"
 
 namespace mlakit::detail::portable {

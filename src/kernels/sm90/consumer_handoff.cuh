@@ -1,5 +1,5 @@
-// The Hopper consumers' hand-offs through shared memory (Sm90DecodeSmem::handoff, mbarriers of
-// 128 arrivals, Sm90DecodeConfig::kP0Ready ..): a consumer publishes its P tile over the dead
+// The Hopper consumers' hand-offs through shared memory (Sm90MlaSmem::handoff, mbarriers of
+// 128 arrivals, Sm90MlaConfig::kP0Ready ..): a consumer publishes its P tile over the dead
 // RoPE slab of its stage, and its reference row max, for the other consumer's P·V.
 //
 // Every thread of the writer arrives after its own stores (and the proxy fence that shows them
@@ -15,18 +15,18 @@
 #include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "kernels/sm90/consumer_thread.cuh"
-#include "kernels/sm90/decode_config.cuh"
+#include "kernels/sm90/mla_config.cuh"
 #include "kernels/sm90/timeline.cuh"
 
 namespace mlakit::detail::sm90 {
 
 template <typename Elem>
 class ConsumerHandoffs {
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   using Ops = device::ElemOps<Elem>;
 
  public:
-  __device__ ConsumerHandoffs(Sm90DecodeSmem& sm, ConsumerThread me) : sm_(sm), me_(me) {}
+  __device__ ConsumerHandoffs(Sm90MlaSmem& sm, ConsumerThread me) : sm_(sm), me_(me) {}
 
   __device__ void arrive(int handoff) { device::sm90::mbarrier_arrive(&sm_.handoff[handoff]); }
 
@@ -79,7 +79,7 @@ class ConsumerHandoffs {
   }
 
  private:
-  Sm90DecodeSmem& sm_;
+  Sm90MlaSmem& sm_;
   const ConsumerThread me_;  // by value: plain registers, no address taken
   uint32_t phases_ = 0;  // bit h: parity of the next wait on handoff[h]
 };

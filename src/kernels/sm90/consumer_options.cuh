@@ -1,4 +1,4 @@
-// What varies between the kernels that run the Hopper seesaw consumers (decode_consumer.cuh):
+// What varies between the kernels that run the Hopper seesaw consumers (seesaw_consumer.cuh):
 // where the cache tiles come from, consumer 1's order within a pair, and which row statistics
 // the store writes. Each kernel names its choice in one options type (C++17 has no class-type
 // template parameters), next to its kernel, e.g.
@@ -24,7 +24,7 @@ enum class KeyTiles {
   // barrier per tile, with the producer's valid-slot mask (the FP8 sparse decode).
   kGathered,
   // Gathered rows whose low half (slabs 0..3) also completes on its own barrier
-  // (Sm90DecodeConfig::kGatheredLowHalfBarrier), so S starts there while slabs 4..8 still
+  // (Sm90MlaConfig::kGatheredLowHalfBarrier), so S starts there while slabs 4..8 still
   // land (the sparse prefill, whose tile B lands on its consumer's critical path).
   kGatheredHalves,
 };

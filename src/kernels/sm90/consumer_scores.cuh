@@ -13,20 +13,20 @@
 #include "kernels/sm90/consumer_handoff.cuh"
 #include "kernels/sm90/consumer_options.cuh"
 #include "kernels/sm90/consumer_thread.cuh"
-#include "kernels/sm90/decode_config.cuh"
+#include "kernels/sm90/mla_config.cuh"
 #include "kernels/sm90/timeline.cuh"
 
 namespace mlakit::detail::sm90 {
 
 template <class Options>
 class ScoreTiles {
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   using Elem = typename Options::Elem;
   using Mma64 = device::sm90::Wgmma<64, Elem>;
   static constexpr bool kGathered = kGatheredTiles<Options>;
 
  public:
-  __device__ ScoreTiles(Sm90DecodeSmem& sm, ConsumerThread me) : sm_(sm), me_(me) {}
+  __device__ ScoreTiles(Sm90MlaSmem& sm, ConsumerThread me) : sm_(sm), me_(me) {}
 
   // Issues S of the tile in `stage` (keys tile_start ..; the segment ends at key_end) and
   // returns the tile's bad flag. A tile that extends past the segment gets its rows past the
@@ -165,7 +165,7 @@ class ScoreTiles {
     }
   }
 
-  Sm90DecodeSmem& sm_;
+  Sm90MlaSmem& sm_;
   const ConsumerThread me_;  // by value: plain registers, no address taken
   uint32_t phase_ = 0;       // parity of this consumer's next wait on full[stage][*]
 };

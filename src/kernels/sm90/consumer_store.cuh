@@ -10,10 +10,10 @@
 #include "device/numeric.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma_fragment.cuh"
-#include "kernels/decode_rows.cuh"
+#include "kernels/attention_rows.cuh"
 #include "kernels/sm90/consumer_softmax.cuh"
 #include "kernels/sm90/consumer_thread.cuh"
-#include "kernels/sm90/decode_config.cuh"
+#include "kernels/sm90/mla_config.cuh"
 
 namespace mlakit::detail::sm90 {
 
@@ -43,10 +43,10 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&u)[4]) {
 // called once both consumers' multiplies are done (the Q tile is dead), so the next segment's
 // Q copy overlaps the stores.
 template <typename Elem, bool kMaxLogits, typename Params, typename OnQFree>
-__device__ void store_segment(const Params& params, Sm90DecodeSmem& sm, ConsumerThread me, int tile, int hk,
-                              const float (&o)[Sm90DecodeConfig::kOutRegs], const OnlineSoftmax<kMaxLogits>& softmax, bool bad, int seq,
+__device__ void store_segment(const Params& params, Sm90MlaSmem& sm, ConsumerThread me, int tile, int hk,
+                              const float (&o)[Sm90MlaConfig::kOutRegs], const OnlineSoftmax<kMaxLogits>& softmax, bool bad, int seq,
                               int split, OnQFree on_q_free) {
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   using Ops = device::ElemOps<Elem>;
   const AttentionCore& p = params.core;
   float l0 = softmax.l[0], l1 = softmax.l[1];

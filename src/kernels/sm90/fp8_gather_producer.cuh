@@ -3,7 +3,7 @@
 // (common/fp8_cache_row.h), so the consumers run unchanged apart from the valid-slot mask.
 //
 // Thread t serves key t / 2 of each tile and half t % 2 of its bytes. Per tile (slabs 0..3
-// once the stage's low half is free, the rest once its high half is: decode_config.cuh):
+// once the stage's low half is free, the rest once its high half is: mla_config.cuh):
 //   - cp.async of the token's bf16 RoPE straight into slab 8 (swizzled), completing on
 //     full[stage][8] through cp.async.mbarrier.arrive.noinc;
 //   - slab k = 0..7: the thread's 32 e4m3 bytes of columns 64k + 32 half .. are already in
@@ -23,7 +23,7 @@
 // RoPE, with the same unpredicated loads (a predicated load leaves register copies that wait
 // for it early: device/global_load.cuh).
 // Lane 0 writes the warp's valid-slot mask before its arrival on the tile's barrier, which
-// releases it (Sm90DecodeConfig::kGatheredTileBarrier).
+// releases it (Sm90MlaConfig::kGatheredTileBarrier).
 // While tile i converts, the tokens of tile i + 1 are prefetched into L2 (prefetch_token_l2)
 // and the indices are read two tiles ahead; no load is waited for before its data is
 // converted. Fewer memory requests per token paid here (H100, same call, b=128 h_q 128 / 64
@@ -41,7 +41,7 @@
 #include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
-#include "kernels/sm90/decode_config.cuh"
+#include "kernels/sm90/mla_config.cuh"
 #include "kernels/sm90/gather_producer.cuh"
 
 namespace mlakit::detail::sm90 {
@@ -51,7 +51,7 @@ namespace mlakit::detail::sm90 {
 __device__ __align__(device::kCacheLineBytes) const uint8_t kFp8ZeroToken[kFp8TokenBytes] = {};
 
 class Fp8GatherProducer {
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   static_assert(kFp8NopeDim == C::kNopeSlabs * C::kSlabCols, "one quantized slab per V slab");
   static_assert(kFp8Tile == 2 * C::kSlabCols, "a scale covers two slabs");
 
@@ -67,7 +67,7 @@ class Fp8GatherProducer {
   };
 
  public:
-  __device__ Fp8GatherProducer(const SparseDecodeParams& p, Sm90DecodeSmem& sm, int tile)
+  __device__ Fp8GatherProducer(const SparseDecodeParams& p, Sm90MlaSmem& sm, int tile)
       : p_(p), sm_(sm), cache_(static_cast<const uint8_t*>(p.keys.kv)), tile_(tile), key_(threadIdx.x / 2),
         half_(threadIdx.x % 2) {}
 
@@ -193,7 +193,7 @@ class Fp8GatherProducer {
   }
 
   const SparseDecodeParams& p_;
-  Sm90DecodeSmem& sm_;
+  Sm90MlaSmem& sm_;
   const uint8_t* cache_;
   const int tile_, key_, half_;
   uint32_t phases_ = 0;  // bit s: parity of stage s's current lap (kept across segments)

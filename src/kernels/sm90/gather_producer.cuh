@@ -15,7 +15,7 @@
 // [0, s_kv), -1 included, and keys past the token's length are zero-filled without a global
 // read and left out of the mask (publish_valid_mask), which each warp's extra arrival on
 // slab 8 releases (the cp.async arrivals do not order the mask write): slab 8's barrier is the
-// one a gathered tile's consumer waits for (Sm90DecodeConfig::kGatheredTileBarrier).
+// one a gathered tile's consumer waits for (Sm90MlaConfig::kGatheredTileBarrier).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,7 @@
 #include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
-#include "kernels/sm90/decode_config.cuh"
+#include "kernels/sm90/mla_config.cuh"
 #include "kernels/sm90/timeline.cuh"
 
 namespace mlakit::detail::sm90 {
@@ -35,7 +35,7 @@ namespace mlakit::detail::sm90 {
 // arrival per producer warp after its last store and its lane 0's valid-slot mask; the other
 // slabs' barriers are neither arrived at nor waited for.
 __host__ __device__ constexpr int gathered_full_count(int slab) {
-  return slab == Sm90DecodeConfig::kGatheredTileBarrier
+  return slab == Sm90MlaConfig::kGatheredTileBarrier
              ? device::sm90::kWarpgroupThreads + device::sm90::kWarpsPerWarpgroup
              : 1;
 }
@@ -43,12 +43,12 @@ __host__ __device__ constexpr int gathered_full_count(int slab) {
 // This producer also completes each tile's low half on its own barrier (the 128 threads'
 // cp.async arrivals after slab 3), for consumers that stream S by halves (kGatheredHalves).
 __host__ __device__ constexpr int gathered_halves_full_count(int slab) {
-  return slab == Sm90DecodeConfig::kGatheredLowHalfBarrier ? device::sm90::kWarpgroupThreads : gathered_full_count(slab);
+  return slab == Sm90MlaConfig::kGatheredLowHalfBarrier ? device::sm90::kWarpgroupThreads : gathered_full_count(slab);
 }
 
 // Lane 0 of each producer warp writes the valid-slot mask of the warp's 16 keys (key 16w + j:
 // bit j) for the consumers.
-__device__ __forceinline__ void publish_valid_mask(Sm90DecodeSmem& sm, int stage, uint32_t warp_mask) {
+__device__ __forceinline__ void publish_valid_mask(Sm90MlaSmem& sm, int stage, uint32_t warp_mask) {
   using device::sm90::kWarpSize;
   if (threadIdx.x % kWarpSize == 0) sm.key_valid[stage][threadIdx.x / kWarpSize] = static_cast<uint16_t>(warp_mask);
 }
@@ -62,9 +62,9 @@ __device__ __forceinline__ uint32_t key_mask_of_lane_pairs(uint32_t ballot) {
 }
 
 template <typename Elem>
-__device__ __forceinline__ void produce_gathered(const SparsePrefillParams& p, int tile, int seq, int L, Sm90DecodeSmem& sm) {
+__device__ __forceinline__ void produce_gathered(const SparsePrefillParams& p, int tile, int seq, int L, Sm90MlaSmem& sm) {
   namespace dev = mlakit::device::sm90;
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   constexpr int kRowsPerThread = 4;  // keys 16 w + 4 j + group
   const int lane = threadIdx.x % dev::kWarpSize, warp = threadIdx.x / dev::kWarpSize;
   const int group = lane / dev::kSwizzleRowChunks, chunk = lane % dev::kSwizzleRowChunks;

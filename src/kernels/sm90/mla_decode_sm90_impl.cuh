@@ -9,7 +9,7 @@ namespace mlakit::detail {
 template <typename Elem>
 cudaError_t launch_mla_decode_sm90(const DenseDecodeParams& params, const CUtensorMap& kv_map, int box_rows,
                                    const CUtensorMap* q_map, cudaStream_t stream) {
-  using C = sm90::Sm90DecodeConfig;
+  using C = sm90::Sm90MlaConfig;
   auto kernel = &sm90::mla_decode_sm90_kernel<Elem>;
   // Idempotent and cheap; not a stream operation, so it is allowed during graph capture.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSm90SmemBytes);

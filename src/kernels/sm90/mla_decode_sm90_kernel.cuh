@@ -5,19 +5,19 @@
 // like the portable kernel, writing final or partial results for the combine kernel.
 //
 // Warp roles (warpgroup = 128 threads):
-//   WG0          producer (decode_producer.cuh): block-table lookups and TMA loads of 64-key
+//   WG0          producer (paged_tma_producer.cuh): block-table lookups and TMA loads of 64-key
 //                cache tiles, tile j of a segment into stage j % 2, warp w loading box w
 //                (one warp for pages of 64 keys or more, 2 / 4 for pages of 32 / 16);
 //                setmaxnreg.dec.
-//   WG1, WG2     consumers 0 and 1 (decode_consumer.cuh): seesaw over pairs of tiles, each
+//   WG1, WG2     consumers 0 and 1 (seesaw_consumer.cuh): seesaw over pairs of tiles, each
 //                computing S of its own tile and P·V of both tiles for its half of the
 //                output columns; setmaxnreg.inc.
 // Barrier protocol: full[s][slab] (count = producer warps: one arrive each + TMA bytes via
 // expect_tx per box),
 // empty[s][half] (V slabs 0..3 / slabs 4..8, one arrival per last reader after its last wgmma
-// reading that half: empty_count in decode_config.cuh). The consumer of stage s waits
+// reading that half: empty_count in mla_config.cuh). The consumer of stage s waits
 // full[s][*] with parity starting at 0, the producer waits empty[s][*] with parity starting at
-// 1 (first lap passes). Shared-memory map: decode_config.cuh.
+// 1 (first lap passes). Shared-memory map: mla_config.cuh.
 #pragma once
 
 #include <cuda.h>
@@ -25,9 +25,9 @@
 
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
-#include "kernels/sm90/decode_config.cuh"
-#include "kernels/sm90/decode_consumer.cuh"
-#include "kernels/sm90/decode_producer.cuh"
+#include "kernels/sm90/mla_config.cuh"
+#include "kernels/sm90/seesaw_consumer.cuh"
+#include "kernels/sm90/paged_tma_producer.cuh"
 
 namespace mlakit::detail::sm90 {
 
@@ -42,23 +42,23 @@ struct DenseDecodeConsumer {
 };
 
 template <typename Elem>
-__global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
+__global__ void __launch_bounds__(Sm90MlaConfig::kThreads, 1)
     mla_decode_sm90_kernel(const __grid_constant__ DenseDecodeParams p, const __grid_constant__ CUtensorMap kv_map,
                            const int box_rows, const __grid_constant__ CUtensorMap q_map, const bool q_by_tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace dev = mlakit::device::sm90;
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   extern __shared__ uint8_t smem_raw[];
   MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
   if (threadIdx.x == 0) MLAKIT_SM90_CTA_SPAN(false);
   const int producers = producer_warps(box_rows);  // each arrives once per slab group
-  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [producers](int) { return producers; });
+  Sm90MlaSmem& sm = setup_shared_memory(smem_raw, [producers](int) { return producers; });
   if (threadIdx.x < dev::kWarpgroupThreads) {  // warpgroup 0: the producer
     dev::setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x / dev::kWarpSize < producers) produce(p, kv_map, box_rows, sm);
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Sm90Consumer<DenseDecodeConsumer<Elem>> consumer(p, sm, blockIdx.x, blockIdx.y, q_by_tma ? &q_map : nullptr);
+    SeesawConsumer<DenseDecodeConsumer<Elem>> consumer(p, sm, blockIdx.x, blockIdx.y, q_by_tma ? &q_map : nullptr);
     consumer.run_part(p.schedule.part_ranges[blockIdx.z]);
     if (threadIdx.x == dev::kWarpgroupThreads) MLAKIT_SM90_CTA_SPAN(true);  // consumer 0's first thread
   }

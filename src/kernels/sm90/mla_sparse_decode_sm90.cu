@@ -9,7 +9,7 @@ namespace mlakit::detail {
 
 cudaError_t launch_mla_sparse_decode_sm90(const SparseDecodeParams& params, const CUtensorMap* q_map,
                                           cudaStream_t stream) {
-  using C = sm90::Sm90DecodeConfig;
+  using C = sm90::Sm90MlaConfig;
   auto kernel = &sm90::mla_sparse_decode_sm90_kernel;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSm90SmemBytes);
   if (err != cudaSuccess) return err;

@@ -11,8 +11,8 @@
 
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
-#include "kernels/sm90/decode_config.cuh"
-#include "kernels/sm90/decode_consumer.cuh"
+#include "kernels/sm90/mla_config.cuh"
+#include "kernels/sm90/seesaw_consumer.cuh"
 #include "kernels/sm90/fp8_gather_producer.cuh"
 
 namespace mlakit::detail::sm90 {
@@ -27,16 +27,16 @@ struct SparseDecodeConsumer {
   static constexpr bool kMaxLogits = false;
 };
 
-__global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
+__global__ void __launch_bounds__(Sm90MlaConfig::kThreads, 1)
     mla_sparse_decode_sm90_kernel(const __grid_constant__ SparseDecodeParams p, const __grid_constant__ CUtensorMap q_map,
                                   const bool q_by_tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace dev = mlakit::device::sm90;
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   extern __shared__ uint8_t smem_raw[];
   MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
   if (threadIdx.x == 0) MLAKIT_SM90_CTA_SPAN(false);
-  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_full_count(slab); });
+  Sm90MlaSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_full_count(slab); });
   const PartRange& range = p.schedule.part_ranges[blockIdx.z];
   if (threadIdx.x < dev::kWarpgroupThreads) {  // warpgroup 0: the producer
     dev::setmaxnreg_dec<C::kFp8ProducerRegs>();
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     });
   } else {
     dev::setmaxnreg_inc<C::kFp8ConsumerRegs>();
-    Sm90Consumer<SparseDecodeConsumer> consumer(p, sm, blockIdx.x, 0, q_by_tma ? &q_map : nullptr);
+    SeesawConsumer<SparseDecodeConsumer> consumer(p, sm, blockIdx.x, 0, q_by_tma ? &q_map : nullptr);
     consumer.run_part(range);
     if (threadIdx.x == dev::kWarpgroupThreads) MLAKIT_SM90_CTA_SPAN(true);  // consumer 0's first thread
   }

@@ -13,8 +13,8 @@
 #include "device/special_registers.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
-#include "kernels/sm90/decode_config.cuh"
-#include "kernels/sm90/decode_consumer.cuh"
+#include "kernels/sm90/mla_config.cuh"
+#include "kernels/sm90/seesaw_consumer.cuh"
 #include "kernels/sm90/gather_producer.cuh"
 
 namespace mlakit::detail::sm90 {
@@ -31,15 +31,15 @@ struct SparsePrefillConsumer {
 };
 
 template <typename Elem>
-__global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
+__global__ void __launch_bounds__(Sm90MlaConfig::kThreads, 1)
     mla_sparse_prefill_sm90_kernel(const __grid_constant__ SparsePrefillParams p, const __grid_constant__ CUtensorMap q_map,
                                    const bool q_by_tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace dev = mlakit::device::sm90;
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   extern __shared__ uint8_t smem_raw[];
   MLAKIT_SM90_TIMELINE_RESET();  // published by setup_shared_memory's barrier
-  Sm90DecodeSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_halves_full_count(slab); });
+  Sm90MlaSmem& sm = setup_shared_memory(smem_raw, [](int slab) { return gathered_halves_full_count(slab); });
   const int row_tiles = (p.core.rows + C::kRows - 1) / C::kRows;
   const int seq = static_cast<int>(blockIdx.x / row_tiles), tile = static_cast<int>(blockIdx.x % row_tiles);
   const int L = p.core.lengths(seq);
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(Sm90DecodeConfig::kThreads, 1)
     }
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Sm90Consumer<SparsePrefillConsumer<Elem>> consumer(p, sm, tile, 0, q_by_tma ? &q_map : nullptr);
+    SeesawConsumer<SparsePrefillConsumer<Elem>> consumer(p, sm, tile, 0, q_by_tma ? &q_map : nullptr);
     consumer.run_segment(seq, L, 0, L, 0);
   }
 #endif

@@ -13,17 +13,17 @@
 #include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
-#include "kernels/decode_rows.cuh"
-#include "kernels/sm90/decode_config.cuh"
+#include "kernels/attention_rows.cuh"
+#include "kernels/sm90/mla_config.cuh"
 
 namespace mlakit::detail::sm90 {
 
 // sm.q_row_offset[r]: the element offset of row r of row tile `tile` of kv head hk within its
 // sequence (token * q_stride_s + head * q_stride_h), -1 for a padding row; threads t of
 // `threads` share the work. Readers need a barrier with the writers first.
-__device__ __forceinline__ void fill_q_row_offsets(const AttentionCore& p, Sm90DecodeSmem& sm, int hk, int tile,
+__device__ __forceinline__ void fill_q_row_offsets(const AttentionCore& p, Sm90MlaSmem& sm, int hk, int tile,
                                                    int t, int threads) {
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   for (int r = t; r < C::kRows; r += threads) {
     const int row = tile * C::kRows + r;
     const RowCoord rc = row_coord(p, hk, row);
@@ -35,10 +35,10 @@ __device__ __forceinline__ void fill_q_row_offsets(const AttentionCore& p, Sm90D
 // into sm.q, 128B-swizzled; padding rows and columns past d_qk are zeros. Warp w of the
 // `threads` threads (t = this thread) copies rows w, w + threads / kWarpSize, ...
 template <typename Elem>
-__device__ __forceinline__ void copy_q_tile(const AttentionCore& p, Sm90DecodeSmem& sm, int seq, int t,
+__device__ __forceinline__ void copy_q_tile(const AttentionCore& p, Sm90MlaSmem& sm, int seq, int t,
                                             int threads) {
   namespace dev = mlakit::device::sm90;
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   constexpr int kChunksPerRow = C::kDqk / 8;
   const Elem* q = static_cast<const Elem*>(p.q);
   const Elem* seq_q = q + seq_offset(p, seq, p.q_stride_b, p.q_stride_s);

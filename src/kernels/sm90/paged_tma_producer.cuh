@@ -7,7 +7,7 @@
 #include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
-#include "kernels/sm90/decode_config.cuh"
+#include "kernels/sm90/mla_config.cuh"
 #include "kernels/sm90/timeline.cuh"
 
 namespace mlakit::detail::sm90 {
@@ -15,14 +15,14 @@ namespace mlakit::detail::sm90 {
 // Warps of the producer warpgroup that load a tile: warp w issues box w of every slab, so the
 // 36 boxes per tile of 16-row pages leave four warps at once. Four lanes of one warp issuing
 // them (divergent TMA coordinates) made page 16 11% slower (H100, b128 s_k~4k: 337 vs 303 us).
-__device__ __forceinline__ int producer_warps(int box_rows) { return Sm90DecodeConfig::kKeys / box_rows; }
+__device__ __forceinline__ int producer_warps(int box_rows) { return Sm90MlaConfig::kKeys / box_rows; }
 
 // Run by warps 0 .. producer_warps(box_rows) - 1 of warpgroup 0; each arrives once per slab
 // group of every tile (the full barriers count producer_warps arrivals).
 __device__ __forceinline__ void produce(const DenseDecodeParams& p, const CUtensorMap& kv_map, int box_rows,
-                                        Sm90DecodeSmem& sm) {
+                                        Sm90MlaSmem& sm) {
   namespace dev = mlakit::device::sm90;
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   const int lane = threadIdx.x % dev::kWarpSize, warp = threadIdx.x / dev::kWarpSize;
   const int hk = blockIdx.y, tile = blockIdx.x;
   const int boxes = producer_warps(box_rows);
@@ -52,7 +52,7 @@ __device__ __forceinline__ void produce(const DenseDecodeParams& p, const CUtens
       const int32_t my_block = __shfl_sync(0xffffffffu, block, warp);
       const int my_row = mine ? (tile_start + warp * box_rows) % p.cache.page_size : 0;
       // Slab-major, each group of slabs on the barrier of its last slab
-      // (Sm90DecodeConfig::group_last_slab): the consumer starts S on the first group while the
+      // (Sm90MlaConfig::group_last_slab): the consumer starts S on the first group while the
       // later slabs are still in flight. Slabs 0..3 go as soon as their half of the stage is
       // free, 4..8 after the other.
       const uint32_t parity = ((phases >> stage) & 1u) ^ 1u;

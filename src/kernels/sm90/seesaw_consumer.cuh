@@ -43,15 +43,15 @@
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "device/sm90/wgmma_fragment.cuh"
-#include "kernels/decode_rows.cuh"
+#include "kernels/attention_rows.cuh"
 #include "kernels/sm90/consumer_handoff.cuh"
 #include "kernels/sm90/consumer_options.cuh"
 #include "kernels/sm90/consumer_scores.cuh"
 #include "kernels/sm90/consumer_softmax.cuh"
 #include "kernels/sm90/consumer_store.cuh"
 #include "kernels/sm90/consumer_thread.cuh"
-#include "kernels/sm90/decode_config.cuh"
-#include "kernels/sm90/decode_q_tile.cuh"
+#include "kernels/sm90/mla_config.cuh"
+#include "kernels/sm90/q_tile.cuh"
 #include "kernels/sm90/timeline.cuh"
 
 namespace mlakit::detail::sm90 {
@@ -61,8 +61,8 @@ namespace dev = mlakit::device::sm90;
 // Options: consumer_options.cuh. Scheduled sequence seq addresses q / out / lse through
 // seq_offset (the sparse decode schedules one sequence per (batch entry, query token)).
 template <class Options>
-class Sm90Consumer {
-  using C = Sm90DecodeConfig;
+class SeesawConsumer {
+  using C = Sm90MlaConfig;
   using Elem = typename Options::Elem;
   using Params = typename Options::Params;  // DenseDecodeParams, SparseDecodeParams or SparsePrefillParams
   using Ops = device::ElemOps<Elem>;
@@ -73,7 +73,7 @@ class Sm90Consumer {
  public:
   // Rows tile * 64 .. of kv head hk.
   // q_map: the Q tile by TMA (kernels/sm90/launch.h, make_q_tensor_map); nullptr: by cp.async.
-  __device__ Sm90Consumer(const Params& p, Sm90DecodeSmem& sm, int tile, int hk,
+  __device__ SeesawConsumer(const Params& p, Sm90MlaSmem& sm, int tile, int hk,
                           const CUtensorMap* q_map = nullptr)
       : p_(p), sm_(sm), q_map_(q_map), hk_(hk), tile_(tile), scores_(sm, me_), handoffs_(sm, me_) {}
 
@@ -389,7 +389,7 @@ class Sm90Consumer {
     dev::named_barrier_sync(C::kBarConsumers, C::kConsumerThreads);
   }
 
-  // This consumer's arrival on a half of a stage (empty_count in decode_config.cuh lists
+  // This consumer's arrival on a half of a stage (empty_count in mla_config.cuh lists
   // them), once its wgmma reads of those slabs have completed: one per warp, by the lane that
   // read the tile's flags (ScoreTiles::stage_bad, gathered_mask).
   __device__ void release(int stage, int half) {
@@ -435,7 +435,7 @@ class Sm90Consumer {
   }
 
   const Params& p_;
-  Sm90DecodeSmem& sm_;
+  Sm90MlaSmem& sm_;
   const CUtensorMap* const q_map_;
   const ConsumerThread me_;
   const int hk_, tile_;

@@ -7,12 +7,12 @@
 #include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
-#include "kernels/decode_rows.cuh"
+#include "kernels/attention_rows.cuh"
 #include "kernels/mla_params.h"
 
 namespace mlakit::detail::sm90 {
 
-struct Sm90DecodeConfig {
+struct Sm90MlaConfig {
   static constexpr int kRows = 64;    // query rows per CTA (wgmma M)
   static constexpr int kKeys = 64;    // keys per cache tile (= scheduling block); S is 64 x 64
   static constexpr int kDqk = 576;
@@ -40,9 +40,9 @@ struct Sm90DecodeConfig {
   // whenever either uses it: Q loaded, row sums, segment end. compute-sanitizer racecheck
   // follows a named barrier only when both consumers take part in each of its uses (with
   // bar.arrive, or with a barrier one consumer uses alone, it reported hazards on ordered
-  // exchanges), so everything else is an mbarrier (Sm90DecodeSmem::handoff).
+  // exchanges), so everything else is an mbarrier (Sm90MlaSmem::handoff).
   static constexpr uint32_t kBarConsumers = 1;
-  // Hand-offs through shared memory (Sm90DecodeSmem::handoff, 128 arrivals each): every
+  // Hand-offs through shared memory (Sm90MlaSmem::handoff, 128 arrivals each): every
   // thread of the writing consumer arrives after its writes, every thread of the reader waits.
   static constexpr int kP0Ready = 0;    // consumer 0 -> 1: P_A in stage 0's slab 8, m_A
   static constexpr int kP1Ready = 1;    // consumer 1 -> 0: P_B in stage 1's slab 8, m_B
@@ -55,7 +55,7 @@ struct Sm90DecodeConfig {
   // that each reading thread's own arrival orders its read before the producer's next write.
   static constexpr int kReleasingLanesPerConsumer = 4;
 
-  // The halves of a stage that are released separately (Sm90DecodeSmem::empty).
+  // The halves of a stage that are released separately (Sm90MlaSmem::empty).
   static constexpr int kLowSlabs = 0;   // V slabs 0..3: consumer 0's P·V columns
   static constexpr int kHighSlabs = 1;  // V slabs 4..7 and slab 8 (RoPE, then P)
   static constexpr int kFirstHighSlab = 4;
@@ -101,8 +101,8 @@ struct Sm90DecodeConfig {
                 "register budget");
 };
 
-struct Sm90DecodeSmem {
-  using C = Sm90DecodeConfig;
+struct Sm90MlaSmem {
+  using C = Sm90MlaConfig;
   uint8_t q[C::kSlabs][C::kSlabBytes];
   // Cache tiles; once S of a tile is done its RoPE slab (8) is dead and holds that tile's P
   // ([64 rows][64 keys], the same 8 KB swizzled shape) for the other consumer.
@@ -116,24 +116,24 @@ struct Sm90DecodeSmem {
   // tile A while consumer 1 still reads slabs 4..8.
   uint64_t empty[C::kStages][2];
   // Element offset of each Q tile row within its sequence, -1 for padding rows: the same in
-  // every segment of the CTA (decode_q_tile.cuh).
+  // every segment of the CTA (q_tile.cuh).
   int64_t q_row_offset[C::kRows];
   uint64_t q_full;  // the Q tile by TMA (dense decode): one arrival plus the 9 boxes' bytes
-  uint64_t handoff[C::kHandoffs];  // the consumers' hand-offs (Sm90DecodeConfig::kP0Ready ..)
+  uint64_t handoff[C::kHandoffs];  // the consumers' hand-offs (Sm90MlaConfig::kP0Ready ..)
   int stage_bad[C::kStages];
   alignas(8) uint16_t key_valid[C::kStages][4];  // gathered tiles: valid-slot mask, 16 keys per producer warp
 };
-inline constexpr int kSm90SmemBytes = sizeof(Sm90DecodeSmem) + 1024;  // + alignment slack
+inline constexpr int kSm90SmemBytes = sizeof(Sm90MlaSmem) + 1024;  // + alignment slack
 static_assert(kSm90SmemBytes <= 232448, "fits the 227 KB opt-in shared memory of sm90");
 
-// Arrivals that free a half of a stage: the last readers of its slabs (decode_consumer.cuh).
+// Arrivals that free a half of a stage: the last readers of its slabs (seesaw_consumer.cuh).
 //   stage 0 (tile A): slabs 0..3: consumer 0 (S_A, P_A V_A,0);  slabs 4..8: consumer 0
 //     (S_A) and consumer 1 (P_A V_A,1, reading P_A from slab 8).
 //   stage 1 (tile B): slabs 0..3: consumer 1 (S_B) and consumer 0 (P_B V_B,0); slabs 4..8:
 //     consumer 1 (S_B, P_B V_B,1) and consumer 0 (P_B V_B,0 reads P_B from slab 8).
-// Each consumer's arrival is one per warp (Sm90DecodeConfig::kReleasingLanesPerConsumer).
+// Each consumer's arrival is one per warp (Sm90MlaConfig::kReleasingLanesPerConsumer).
 __host__ __device__ constexpr uint32_t empty_count(int stage, int half) {
-  return (stage == 0 && half == Sm90DecodeConfig::kLowSlabs ? 1 : 2) * Sm90DecodeConfig::kReleasingLanesPerConsumer;
+  return (stage == 0 && half == Sm90MlaConfig::kLowSlabs ? 1 : 2) * Sm90MlaConfig::kReleasingLanesPerConsumer;
 }
 
 // The CTA's shared memory (1024-aligned in the dynamic allocation) with its barriers set up by
@@ -141,12 +141,12 @@ __host__ __device__ constexpr uint32_t empty_count(int stage, int half) {
 // producer warps for TMA tiles, the gathering threads for gathered ones), empty[s][half]
 // empty_count(s, half).
 template <typename FullCount>
-__device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, FullCount full_count) {
-  using C = Sm90DecodeConfig;
+__device__ __forceinline__ Sm90MlaSmem& setup_shared_memory(uint8_t* raw, FullCount full_count) {
+  using C = Sm90MlaConfig;
   // Aligned by pointer arithmetic on raw (not through an integer), so the compiler still sees a
   // shared-memory pointer and the fields' loads and stores are LDS / STS, not generic LD / ST.
   const uint32_t misalignment = device::sm90::smem_u32(raw) & 1023u;
-  auto& sm = *reinterpret_cast<Sm90DecodeSmem*>(raw + ((1024u - misalignment) & 1023u));
+  auto& sm = *reinterpret_cast<Sm90MlaSmem*>(raw + ((1024u - misalignment) & 1023u));
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       for (int slab = 0; slab < C::kSlabs; ++slab) device::sm90::mbarrier_init(&sm.full[s][slab], full_count(slab));
@@ -166,7 +166,7 @@ __device__ __forceinline__ Sm90DecodeSmem& setup_shared_memory(uint8_t* raw, Ful
 // agree exactly). Tiles 2i and 2i+1 form pair i; an odd count ends with a lone tile A.
 __device__ __forceinline__ int segment_tiles(const AttentionCore& p, int hk, int tile, int L, int key_begin,
                                              int key_end) {
-  using C = Sm90DecodeConfig;
+  using C = Sm90MlaConfig;
   const int end = tile_keys_end(p, hk, tile * C::kRows, C::kRows, L, key_end);
   return end > key_begin ? (end - key_begin + C::kKeys - 1) / C::kKeys : 0;
 }
