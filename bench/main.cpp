@@ -121,7 +121,7 @@ Options parse_options(int argc, char** argv) {
   }
   if (runs_given && o.runs < kMinRuns && !o.quick) {
     usage_error("--runs: expected >= " + std::to_string(kMinRuns) +
-                " (PERF.md) unless --quick, got " + std::to_string(o.runs));
+                " (docs/benchmarking.md) unless --quick, got " + std::to_string(o.runs));
   }
   return o;
 }
@@ -201,7 +201,7 @@ JsonLine decode_json(const BenchCase& bc, const DecodeResult& r, const CopyResul
       .number("copy_gbps", copy.gbps)
       .number("copy_fraction", x.copy_fraction)
       .number("baseline_us", bc.flashmla_h100_us)
-      .text("baseline", "FlashMLA H100 (PERF.md, fixed)")
+      .text("baseline", "FlashMLA H100 (fixed figures, docs/benchmarking.md)")
       .number("speedup", x.speedup);
   return line;
 }
@@ -280,7 +280,7 @@ int run(const Options& opt) {
                                                .number("gbps", copy.gbps)));
 
   std::printf("%-38s %8s %10s %8s %8s %8s %8s %8s %7s %17s %8s %6s\n", "case", "mean_s_k", "time_us", "plan_us",
-              "comb_us", "comb_hot", "TFLOP/s", "GB/s", "%copy", "PERF.md FlashMLA us", "vs PERF.md", "MHz");
+              "comb_us", "comb_hot", "TFLOP/s", "GB/s", "%copy", "fixed FlashMLA us", "vs fixed", "MHz");
   for (const BenchCase& bc : cases) {
     cool_down();
     const DecodeResult r = run_decode_case(bc, settings);
@@ -296,7 +296,7 @@ int run(const Options& opt) {
   }
   if (!sparse_cases.empty()) {
     std::printf("\n%-44s %10s %8s %8s %8s %17s %8s %6s\n", "sparse FP8 case", "time_us", "plan_us", "TFLOP/s", "GB/s",
-                "PERF.md FlashMLA us", "vs PERF.md", "MHz");
+                "fixed FlashMLA us", "vs fixed", "MHz");
   }
   for (const SparseBenchCase& sc : sparse_cases) {
     cool_down();
@@ -330,13 +330,13 @@ int run(const Options& opt) {
         .text("kernel", r.kernel)
         .number("copy_gbps", copy.gbps)
         .number("baseline_us", sc.flashmla_h100_us)
-        .text("baseline", "FlashMLA H100 (PERF.md, fixed)")
+        .text("baseline", "FlashMLA H100 (fixed figures, docs/benchmarking.md)")
         .number("speedup", has_baseline ? std::optional<double>(speedup) : std::nullopt);
     append_or_fail(results, run_fields(info, line));
   }
   if (!prefill_cases.empty()) {
     std::printf("\n%-52s %10s %8s %8s %17s %8s %6s\n", "sparse prefill case", "time_us", "TFLOP/s", "GB/s",
-                "PERF.md FlashMLA us", "vs PERF.md", "MHz");
+                "fixed FlashMLA us", "vs fixed", "MHz");
   }
   for (const PrefillBenchCase& pc : prefill_cases) {
     cool_down();
@@ -355,8 +355,8 @@ int run(const Options& opt) {
       "comb_us: the combine kernel alone (part of time_us), L2 flushed; comb_hot: the same with its partials\n"
       "left in L2, as inside a step right after the attention wrote them.\n");
   std::printf(
-      "PERF.md FlashMLA us: fixed H100 figures from PERF.md, measured another day on other random draws;\n"
-      "vs PERF.md = that time / this time: context, NOT a comparison. Side-by-side ratios (same tensors, same\n"
+      "fixed FlashMLA us: FlashMLA's H100 figures of docs/benchmarking.md, measured another day on other random draws;\n"
+      "vs fixed = that time / this time: context, NOT a comparison. Side-by-side ratios (same tensors, same\n"
       "process, alternating) come from bench/compare.py (docs/benchmarking.md).\n"
       "%%copy: GB/s of a memory-bound case as a fraction of this run's copy bandwidth.\n"
       "MHz: median SM clock probed between the timed rounds (the power manager lowers it after sustained work).\n");

@@ -112,7 +112,7 @@ JsonLine prefill_json(const PrefillBenchCase& c, const PrefillResult& r, double 
       .number("copy_gbps", copy_gbps)
       .number("baseline_us", c.flashmla_h100_us)
       .number("baseline_tflops", baseline_tflops)
-      .text("baseline", "FlashMLA H100 (PERF.md, fixed)")
+      .text("baseline", "FlashMLA H100 (fixed figures, docs/benchmarking.md)")
       .number("speedup", speedup);
   return line;
 }

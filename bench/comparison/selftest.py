@@ -39,7 +39,7 @@ SDPA = _case("sdpa_mha", b=1, h=2, s=64, d=32, causal=True)
 def test_case_table() -> None:
     table = cases.all_cases()
     default = cases.select(table)
-    expect(len(default) == 24, f"24 PERF.md cases by default (got {len(default)})")
+    expect(len(default) == 24, f"24 benchmark cases (docs/benchmarking.md) by default (got {len(default)})")
     expect(len({c.name for c in table}) == len(table), "case names unique")
     expect(len(cases.select(table, quick=True)) == 4, "--quick: 4 cases")
     expect([c.name for c in cases.select(table, pattern="sk32768_causal")] == ["dense_b128_hq128_sq2_sk32768_causal"],

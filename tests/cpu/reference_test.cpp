@@ -172,7 +172,7 @@ void expect_matches_naive(const support::HostDecodeCase& c, const ViewBuffers& v
         } else {
           EXPECT_TRUE(std::isfinite(got_lse)) << where;
           const double err = std::fabs(got_lse - want_lse);
-          EXPECT_LE(err, std::max(1e-6, 8.0 / 65536 * std::fabs(want_lse))) << "lse, SPEC 8: " << where;
+          EXPECT_LE(err, std::max(1e-6, 8.0 / 65536 * std::fabs(want_lse))) << "lse, accuracy rule (docs/contract.md): " << where;
           EXPECT_LE(err, 1e-6 * std::max(1.0, std::fabs(want_lse))) << "lse: " << where;
         }
         for (int d = 0; d < kDv; ++d) {
