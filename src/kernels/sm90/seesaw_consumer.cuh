@@ -332,9 +332,9 @@ class SeesawConsumer {
       softmax_.scaled_logits(s, p_.core.scale_log2, [&](int i) { return ((listed >> (2 * (i >> 2) + (i & 1))) & 1u) != 0; },
                              mx);
     } else {
-      // Column of register i: dev::acc_col(lane, i), summed in this order (the kernel's SASS
-      // as measured; tile_start + acc_col(..) compiles to other address arithmetic).
-      const int lane_col = 2 * (me_.lane % 4);
+      // Column of register i: dev::acc_col(lane, i) = lane_col + 8 (i >> 2) + (i & 1), summed
+      // in this order (tile_start + acc_col(lane, i) compiles to other address arithmetic).
+      const int lane_col = dev::acc_col(me_.lane, 0);
       softmax_.scaled_logits(
           s, p_.core.scale_log2,
           [&](int i) { return tile_start + 8 * (i >> 2) + lane_col + (i & 1) < lim_[(i >> 1) & 1]; }, mx);
