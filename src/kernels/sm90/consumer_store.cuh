@@ -41,12 +41,16 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&u)[4]) {
 // Writes consumer me.w's 256 output columns of row tile `tile` of kv head hk for scheduled
 // sequence seq (split `split` of it), from its accumulator o and softmax state. on_q_free() is
 // called once both consumers' multiplies are done (the Q tile is dead), so the next segment's
-// Q copy overlaps the stores.
-template <typename Elem, bool kMaxLogits, typename Params, typename OnQFree>
-__device__ void store_segment(const Params& params, Sm90MlaSmem& sm, ConsumerThread me, int tile, int hk,
-                              const float (&o)[Sm90MlaConfig::kOutRegs], const OnlineSoftmax<kMaxLogits>& softmax, bool bad, int seq,
-                              int split, OnQFree on_q_free) {
+// Q copy overlaps the stores. Options: the kernel's consumer options (consumer_options.cuh).
+template <class Options, typename OnQFree>
+__device__ void store_segment(const typename Options::Params& params, Sm90MlaSmem& sm, ConsumerThread me, int tile,
+                              int hk, const float (&o)[Sm90MlaConfig::kOutRegs],
+                              const OnlineSoftmax<Options::kMaxLogits>& softmax, bool bad, int seq, int split,
+                              OnQFree on_q_free) {
   using C = Sm90MlaConfig;
+  using Elem = typename Options::Elem;
+  using Params = typename Options::Params;
+  constexpr bool kMaxLogits = Options::kMaxLogits;
   using Ops = device::ElemOps<Elem>;
   const AttentionCore& p = params.core;
   float l0 = softmax.l[0], l1 = softmax.l[1];

@@ -121,7 +121,7 @@ class SeesawConsumer {
       }
       MLAKIT_SM90_STAMP(kConsumerPairEnd);
     }
-    store_segment<Elem, Options::kMaxLogits>(p_, sm_, me_, tile_, hk_, o_, softmax_, bad_, seq, split, [&] {
+    store_segment<Options>(p_, sm_, me_, tile_, hk_, o_, softmax_, bad_, seq, split, [&] {
       if (next_seq >= 0) issue_q(next_seq);
     });
     MLAKIT_SM90_STAMP(kConsumerStored);
