@@ -11,9 +11,12 @@
 
 namespace mlakit::device::sm90 {
 
+// Which of a thread's two rows register i is in (0: the upper, 1: the lower, 8 rows below).
+__host__ __device__ __forceinline__ constexpr int acc_row_half(int i) { return (i >> 1) & 1; }
+
 // Row of register i of the accumulator for thread t of the warpgroup (0 .. 127).
 __host__ __device__ __forceinline__ constexpr int acc_row(int t, int i) {
-  return 16 * (t / kWarpSize) + 8 * ((i >> 1) & 1) + (t % kWarpSize) / 4;
+  return 16 * (t / kWarpSize) + 8 * acc_row_half(i) + (t % kWarpSize) / 4;
 }
 
 // Column of register i for thread t of the warpgroup (only the lane's t % 4 matters, so a lane

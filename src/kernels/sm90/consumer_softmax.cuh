@@ -3,8 +3,9 @@
 // thread's two rows (r0, r0 + 8).
 //
 // S is a wgmma accumulator (64 x 64 f32, device/sm90/wgmma_fragment.cuh): register i of a
-// thread is in row r0 + 8 ((i >> 1) & 1) (its row half h) and column acc_col(lane, i); the four
-// lanes of a quad hold one row.
+// thread is in row r0 + 8 h, h = (i >> 1) & 1 (acc_row_half(i), spelled out here: through the
+// helper ptxas scheduled the prefill differently), and column acc_col(lane, i); the four lanes
+// of a quad hold one row.
 #pragma once
 
 #include <cmath>

@@ -337,7 +337,7 @@ class SeesawConsumer {
       const int lane_col = dev::acc_col(me_.lane, 0);
       softmax_.scaled_logits(
           s, p_.core.scale_log2,
-          [&](int i) { return tile_start + 8 * (i >> 2) + lane_col + (i & 1) < lim_[(i >> 1) & 1]; }, mx);
+          [&](int i) { return tile_start + 8 * (i >> 2) + lane_col + (i & 1) < lim_[dev::acc_row_half(i)]; }, mx);
     }
   }
 
