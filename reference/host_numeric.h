@@ -88,4 +88,14 @@ inline void store_half(void* base, int64_t index, DType dtype, float value) {
   store_as<uint16_t>(base, index, dtype == DType::kBF16 ? float_to_bf16(value) : float_to_fp16(value));
 }
 
+// A result element of an output that is q's 16-bit dtype or float32 (the references'
+// unrounded results): rounded to nearest even, or stored as is.
+inline void store_result(void* base, int64_t index, DType dtype, float value) {
+  if (dtype == DType::kFP32) {
+    store_as<float>(base, index, value);
+  } else {
+    store_half(base, index, dtype, value);
+  }
+}
+
 }  // namespace mlakit::host
