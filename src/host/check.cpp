@@ -151,6 +151,14 @@ Status check_vector(const char* op, const char* name, const TensorRef& t, DType 
   return check_last_dim_contiguous(op, name, t);
 }
 
+Status check_block_table(const char* op, const TensorRef& block_table, int64_t b) {
+  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "block_table", block_table));
+  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "block_table", block_table, {DType::kInt32}));
+  MLAKIT_RETURN_IF_ERROR(check_rank(op, "block_table", block_table, 2));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, "block_table", block_table, 0, "b", b));
+  return check_last_dim_contiguous(op, "block_table", block_table);
+}
+
 Status check_topk(const char* op, const TensorRef& indices, int* topk) {
   const int64_t k = indices.shape[indices.rank - 1];
   if (k < 1 || k > (1 << 20)) {

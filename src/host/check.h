@@ -50,6 +50,10 @@ Status check_vector(const char* op, const char* name, const TensorRef& t, DType 
 Status check_optional_vector(const char* op, const char* name, const TensorRef& t, DType dtype,
                              const char* dim_name, int64_t size);
 
+// A block table [b, max_blocks_per_seq] of int32, rows contiguous (the width is the
+// caller's: each operation bounds it its own way).
+Status check_block_table(const char* op, const TensorRef& block_table, int64_t b);
+
 // The topk of an indices tensor [.., .., topk] (last dimension): 1 <= topk <= 2^20.
 Status check_topk(const char* op, const TensorRef& indices, int* topk);
 

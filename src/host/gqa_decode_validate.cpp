@@ -153,11 +153,7 @@ Status validate_gqa_decode_args(const char* op, const GqaDecodeArgs& a, GqaDecod
   MLAKIT_RETURN_IF_ERROR(check_caches(op, a, &p));
   MLAKIT_RETURN_IF_ERROR(check_heads(op, p));
 
-  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "block_table", a.block_table));
-  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "block_table", a.block_table, {DType::kInt32}));
-  MLAKIT_RETURN_IF_ERROR(check_rank(op, "block_table", a.block_table, 2));
-  MLAKIT_RETURN_IF_ERROR(check_dim(op, "block_table", a.block_table, 0, "b", p.b));
-  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "block_table", a.block_table));
+  MLAKIT_RETURN_IF_ERROR(check_block_table(op, a.block_table, p.b));
   MLAKIT_RETURN_IF_ERROR(int_dim(op, "block_table", a.block_table, 1, "max_blocks_per_seq", &p.max_blocks_per_seq));
   MLAKIT_RETURN_IF_ERROR(check_vector(op, "cache_seqlens", a.cache_seqlens, DType::kInt32, "b", p.b));
 

@@ -69,11 +69,7 @@ Status validate_mla_decode_args(const char* op, const MlaDecodeArgs& a, MlaDecod
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "kv_cache", a.kv_cache, 3, "d_qk", p.d_qk));
   MLAKIT_RETURN_IF_ERROR(check_paged_cache_dims(op, "kv_cache", a.kv_cache));
 
-  MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "block_table", a.block_table));
-  MLAKIT_RETURN_IF_ERROR(check_dtype(op, "block_table", a.block_table, {DType::kInt32}));
-  MLAKIT_RETURN_IF_ERROR(check_rank(op, "block_table", a.block_table, 2));
-  MLAKIT_RETURN_IF_ERROR(check_dim(op, "block_table", a.block_table, 0, "b", p.b));
-  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "block_table", a.block_table));
+  MLAKIT_RETURN_IF_ERROR(check_block_table(op, a.block_table, p.b));
   if (a.block_table.shape[1] > INT32_MAX) {
     return invalid(op, "block_table.shape[1] (max_blocks_per_seq): expected <= 2^31 - 1, got " +
                            std::to_string(a.block_table.shape[1]));
