@@ -87,11 +87,7 @@ void store_row(const SequenceView& s, int t, int head, const std::vector<double>
   const MlaDecodeArgs& a = s.a;
   const int64_t out_base = s.seq * a.out.stride[0] + t * a.out.stride[1] + head * a.out.stride[2];
   for (int d = 0; d < s.p.d_v; ++d) {
-    if (a.out.dtype == DType::kFP32) {
-      host::store_as<float>(a.out.data, out_base + d, static_cast<float>(out[d]));
-    } else {
-      host::store_half(a.out.data, out_base + d, a.out.dtype, static_cast<float>(out[d]));
-    }
+    host::store_result(a.out.data, out_base + d, a.out.dtype, static_cast<float>(out[d]));
   }
   host::store_as<float>(a.lse.data, s.seq * a.lse.stride[0] + head * a.lse.stride[1] + t * a.lse.stride[2],
                         static_cast<float>(lse));

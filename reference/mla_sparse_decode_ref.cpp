@@ -87,11 +87,7 @@ void decode_row_group(const MlaSparseDecodeArgs& a, const SparseDecodeShape& s, 
     }
     const int64_t out_base = seq * a.out.stride[0] + t * a.out.stride[1] + h * a.out.stride[2];
     for (int d = 0; d < kDv; ++d) {
-      if (a.out.dtype == DType::kFP32) {
-        host::store_as<float>(a.out.data, out_base + d, static_cast<float>(out[d]));
-      } else {
-        host::store_half(a.out.data, out_base + d, DType::kBF16, static_cast<float>(out[d]));
-      }
+      host::store_result(a.out.data, out_base + d, a.out.dtype, static_cast<float>(out[d]));
     }
     host::store_as<float>(a.lse.data, seq * a.lse.stride[0] + h * a.lse.stride[1] + t * a.lse.stride[2],
                           static_cast<float>(lse));

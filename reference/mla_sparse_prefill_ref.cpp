@@ -63,11 +63,7 @@ void prefill_token(const MlaSparsePrefillArgs& a, const detail::SparsePrefillSha
     }
     const int64_t o = i * a.out.stride[0] + h * a.out.stride[1];
     for (int d = 0; d < a.d_v; ++d) {
-      if (a.out.dtype == DType::kFP32) {
-        host::store_as<float>(a.out.data, o + d, static_cast<float>(out[d]));
-      } else {
-        host::store_half(a.out.data, o + d, DType::kBF16, static_cast<float>(out[d]));
-      }
+      host::store_result(a.out.data, o + d, a.out.dtype, static_cast<float>(out[d]));
     }
     host::store_as<float>(a.max_logits.data, i * a.max_logits.stride[0] + h * a.max_logits.stride[1],
                           static_cast<float>(m * base));
