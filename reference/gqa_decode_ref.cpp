@@ -35,7 +35,7 @@
 namespace mlakit::reference {
 namespace {
 
-using detail::GqaDecodeProblem;
+using detail::GqaDecodeShape;
 using detail::GqaScaleLayout;
 
 constexpr const char* kOp = "reference::gqa_decode";
@@ -78,7 +78,7 @@ struct Cache {
 
 struct Context {
   const GqaDecodeArgs& a;
-  const GqaDecodeProblem& p;
+  const GqaDecodeShape& p;
   double softmax_scale;
   Cache k, v;
 
@@ -94,7 +94,7 @@ struct Context {
 };
 
 Status check_data(const Context& c) {
-  const GqaDecodeProblem& p = c.p;
+  const GqaDecodeShape& p = c.p;
   const int64_t capacity = int64_t{p.max_blocks_per_seq} * p.page_size;  // < 2^61
   std::vector<std::array<int64_t, 3>> slots;  // (slot, entry, token) of every appended token
   for (int64_t i = 0; i < p.b; ++i) {
@@ -135,7 +135,7 @@ Status check_data(const Context& c) {
 // quantized to the cache's format.
 void append_sequence(const Context& c, int64_t i) {
   const GqaDecodeArgs& a = c.a;
-  const GqaDecodeProblem& p = c.p;
+  const GqaDecodeShape& p = c.p;
   const int64_t L = c.length(i);
   std::vector<double> row(p.d);
   std::vector<float> x(p.d);
@@ -165,7 +165,7 @@ struct Rows {
 // returns the natural-log LSE.
 double attend_row(const Context& c, int64_t i, int t, int head, int64_t pos, int64_t first, int64_t last, Rows& r) {
   const GqaDecodeArgs& a = c.a;
-  const GqaDecodeProblem& p = c.p;
+  const GqaDecodeShape& p = c.p;
   const int hk = head / (p.h_q / p.h_kv);
   const int64_t q_base = i * a.q.stride[0] + t * a.q.stride[1] + head * a.q.stride[2];
   for (int d = 0; d < p.d; ++d) r.q[d] = host::load_half(a.q.data, q_base + d, a.q.dtype);
@@ -205,7 +205,7 @@ void store_row(const Context& c, int64_t i, int t, int head, const std::vector<d
 }
 
 void decode_sequence(const Context& c, int64_t i) {
-  const GqaDecodeProblem& p = c.p;
+  const GqaDecodeShape& p = c.p;
   const int64_t L = c.length(i);
   // invalid[n]: table entries outside [0, num_blocks) among the first n logical blocks.
   const int64_t needed = (L + p.page_size - 1) / p.page_size;
@@ -236,7 +236,7 @@ void decode_sequence(const Context& c, int64_t i) {
 }  // namespace
 
 Status gqa_decode(const GqaDecodeArgs& args, int num_threads) {
-  GqaDecodeProblem p;
+  GqaDecodeShape p;
   MLAKIT_RETURN_IF_ERROR(detail::validate_gqa_decode_args(kOp, args, &p, /*allow_float_out=*/true));
   if (detail::is_empty_problem(p)) return Status::ok();
   const Context c{args,

@@ -2,9 +2,13 @@
 // serving engine for non-MLA models (docs/contract.md, GQA decode), with this step's new
 // keys and values appended to the cache and rotary embedding applied in the same call.
 //
-// This header holds the arguments and the CPU reference (float64, host memory); the GPU
-// kernels and their plan / workspace / run entry points are built on the same arguments
-// (docs/kernels/gqa_decode.md says what exists).
+// Usage per decoding step (the MLA decode's pattern, include/mlakit/mla_decode.h):
+//   1. gqa_decode_workspace_size(problem, &bytes)  once, allocate `bytes` of device memory;
+//   2. gqa_decode_plan(problem, cache_seqlens, ws, bytes, stream, &plan)  once per step: the
+//      split-KV schedule is computed on the device from device-resident lengths;
+//   3. gqa_decode(args, plan, stream)  for every layer of the step.
+// Nothing allocates or synchronises the host; all three can be captured in a CUDA graph.
+// reference::gqa_decode is the float64 CPU reference on host memory.
 //
 // Semantics, per batch entry i of length L = cache_seqlens[i] (after this step's append) and
 // query token t (0 <= t < s_q) at position pos = L - s_q + t:
@@ -21,10 +25,12 @@
 //   - finished[i] nonzero: batch entry i is skipped: out, lse and the cache are left as they are.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
 #include "mlakit/status.h"
+#include "mlakit/stream.h"
 #include "mlakit/tensor.h"
 
 namespace mlakit {
@@ -77,6 +83,57 @@ struct GqaDecodeArgs {
   int window = 0;             // > 0: only the last `window` positions a token sees
   float softcap = 0.f;        // > 0: logit soft-capping; 0: none
 };
+
+// What the plan depends on; layers whose problems are equal share one plan. b or s_q of 0
+// is an empty problem (nothing to append or compute; the plan and the decode launch
+// nothing). causal / window must equal the arguments' (they bound the keys scheduled per
+// sequence).
+struct GqaDecodeProblem {
+  int64_t b = 0;      // batch entries
+  int s_q = 1;        // query tokens per entry, 0..8
+  int h_q = 0;        // query heads
+  int h_kv = 1;       // kv heads, h_q % h_kv == 0
+  int d = 128;        // head dim: 64, 128 or 256
+  bool causal = false;
+  int window = 0;
+};
+
+// Result of gqa_decode_plan. Plain data: copy it freely, reuse it for every layer of a step.
+struct GqaDecodePlan {
+  GqaDecodeProblem problem;
+  int device = -1;          // CUDA device ordinal the plan was made on
+  int num_parts = 0;        // CTAs per (kv head, row tile) sharing the batch's KV work
+  int block_n = 0;          // scheduling granularity, in keys
+  int overhead_blocks = 0;  // scheduling cost of one sequence piece, in blocks
+  int rows_per_tile = 0;    // query rows (token x head pairs) per CTA
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  // Byte offsets of the workspace's regions (the MLA decode plan's layout, d_v = d).
+  std::size_t part_ranges_offset = 0;
+  std::size_t split_prefix_offset = 0;
+  std::size_t partial_prefix_offset = 0;
+  std::size_t cost_prefix_offset = 0;
+  std::size_t partial_out_offset = 0;
+  std::size_t partial_lse_offset = 0;
+  int64_t partial_slots = 0;
+};
+
+// Bytes of device workspace gqa_decode_plan / gqa_decode need for `problem` on the current
+// device. Independent of sequence lengths.
+Status gqa_decode_workspace_size(const GqaDecodeProblem& problem, std::size_t* bytes);
+
+// Computes the split-KV schedule for `cache_seqlens` ([b] int32 on the device, the lengths
+// after this step's append) into `workspace` (256-byte aligned, >= the queried size) on
+// `stream`, and fills `plan`.
+Status gqa_decode_plan(const GqaDecodeProblem& problem, const TensorRef& cache_seqlens, void* workspace,
+                       std::size_t workspace_bytes, cudaStream_t stream, GqaDecodePlan* plan);
+
+// Appends k_new / v_new (if given) and runs the attention for one layer on the GPU.
+// `args.cache_seqlens` must hold the lengths the plan was made from (not re-checked: that
+// would need a host synchronisation). Data rules the host cannot check (docs/contract.md):
+// a length above the table's capacity reads no page past it (those rows are NaN); a length
+// below s_q with k_new appends only the tokens at positions >= 0.
+Status gqa_decode(const GqaDecodeArgs& args, const GqaDecodePlan& plan, cudaStream_t stream);
 
 namespace reference {
 

@@ -35,7 +35,7 @@ Status check_4d(const char* op, const char* name, const TensorRef& t, DType dtyp
 
 // The scale tensor of one cache against the cache's dtype; `layout` is k's layout when
 // checking v's (both caches must store their scales alike), else filled.
-Status check_scale(const char* op, const CacheNames& n, const TensorRef& scale, const GqaDecodeProblem& p,
+Status check_scale(const char* op, const CacheNames& n, const TensorRef& scale, const GqaDecodeShape& p,
                    DType q_dtype, GqaScaleLayout* layout, bool is_v) {
   if (p.cache_dtype == q_dtype) {
     if (!scale.empty()) {
@@ -75,7 +75,7 @@ Status check_scale(const char* op, const CacheNames& n, const TensorRef& scale, 
 }
 
 // Both caches: k fixes dtype and shape, v must match; then their scales.
-Status check_caches(const char* op, const GqaDecodeArgs& a, GqaDecodeProblem* p) {
+Status check_caches(const char* op, const GqaDecodeArgs& a, GqaDecodeShape* p) {
   const TensorRef& k = a.k_cache.values;
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, kKeys.values, k));
   MLAKIT_RETURN_IF_ERROR(check_dtype(op, kKeys.values, k, {a.q.dtype, DType::kInt8, DType::kFP8E4M3}));
@@ -93,7 +93,7 @@ Status check_caches(const char* op, const GqaDecodeArgs& a, GqaDecodeProblem* p)
   return check_scale(op, kValues, a.v_cache.scale, *p, a.q.dtype, &p->scale_layout, true);
 }
 
-Status check_heads(const char* op, const GqaDecodeProblem& p) {
+Status check_heads(const char* op, const GqaDecodeShape& p) {
   if (p.b > (int64_t{1} << 30)) return invalid(op, "q.shape[0] (b): expected <= 2^30, got " + std::to_string(p.b));
   if (p.s_q > kMaxSq) {
     return unsupported(op, "q.shape[1] (s_q): expected <= " + std::to_string(kMaxSq) +
@@ -136,13 +136,13 @@ Status check_options(const char* op, const GqaDecodeArgs& a) {
 
 }  // namespace
 
-Status validate_gqa_decode_args(const char* op, const GqaDecodeArgs& a, GqaDecodeProblem* problem,
+Status validate_gqa_decode_args(const char* op, const GqaDecodeArgs& a, GqaDecodeShape* problem,
                                 bool allow_float_out) {
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "q", a.q));
   MLAKIT_RETURN_IF_ERROR(check_dtype(op, "q", a.q, {DType::kBF16, DType::kFP16}));
   MLAKIT_RETURN_IF_ERROR(check_rank(op, "q", a.q, 4));
   MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "q", a.q));
-  GqaDecodeProblem p;
+  GqaDecodeShape p;
   p.b = a.q.shape[0];
   MLAKIT_RETURN_IF_ERROR(int_dim(op, "q", a.q, 1, "s_q", &p.s_q));
   MLAKIT_RETURN_IF_ERROR(int_dim(op, "q", a.q, 2, "h_q", &p.h_q));

@@ -18,7 +18,7 @@ enum class GqaScaleLayout {
   kPerTensor  // [1] float32: fp8 only
 };
 
-struct GqaDecodeProblem {
+struct GqaDecodeShape {
   int64_t b = 0;
   int s_q = 0;
   int h_q = 0;
@@ -36,14 +36,14 @@ struct GqaDecodeProblem {
 // b or s_q of 0: no query token, nothing to append or compute. b may then be anything the
 // tensors allow (q has no elements), so no loop may run over it. (h_q of 0 is valid too: no
 // output row, but k_new is still appended.)
-inline bool is_empty_problem(const GqaDecodeProblem& p) { return p.b == 0 || p.s_q == 0; }
+inline bool is_empty_problem(const GqaDecodeShape& p) { return p.b == 0 || p.s_q == 0; }
 
 // Every argument of the call: dtypes, ranks, shape agreement, last dimension contiguous,
 // sizes the kernels index with int range-checked, RoPE / ALiBi / scalar options, and outputs
 // with own elements disjoint from each other and from the inputs (the caches and per-token
 // scales count as outputs when k_new / v_new are appended). Fills `problem`.
 // `allow_float_out`: `out` may also be float32 (the CPU reference's unrounded output).
-Status validate_gqa_decode_args(const char* op, const GqaDecodeArgs& args, GqaDecodeProblem* problem,
+Status validate_gqa_decode_args(const char* op, const GqaDecodeArgs& args, GqaDecodeShape* problem,
                                 bool allow_float_out = false);
 
 }  // namespace mlakit::detail

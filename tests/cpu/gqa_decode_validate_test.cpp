@@ -35,7 +35,7 @@ constexpr StatusCode kUnsupported = StatusCode::kUnsupported;
 
 TEST(GqaDecodeValidate, AcceptsValidArgsAndFillsTheProblem) {
   GqaCase c(kInt8);
-  detail::GqaDecodeProblem p;
+  detail::GqaDecodeShape p;
   ASSERT_TRUE(detail::validate_gqa_decode_args("gqa_decode", c.args, &p, /*allow_float_out=*/true).is_ok());
   EXPECT_EQ(p.b, 2);
   EXPECT_EQ(p.s_q, 2);

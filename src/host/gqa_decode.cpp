@@ -1,0 +1,1 @@
+// placeholder: filled by the GQA decode work (issue 25)
