@@ -2,7 +2,10 @@
 // naive float64 computation of it, for the GQA reference and validation tests. The naive
 // version is written from the header's text: it gathers each sequence into a contiguous
 // [L, h_kv, d] float64 copy and attends directly (no paging, no shared code with the
-// reference beyond the bit-exact format conversions).
+// reference beyond the bit-exact format conversions). The GPU tests (tests/gpu/gqa_test_util.h)
+// build their cases with it too: fp16 activations, chosen lengths, smaller values and NaN in
+// every cache slot the step does not read (GqaSpec's last fields; their defaults leave the
+// CPU tests' cases as they were).
 #pragma once
 
 #include <algorithm>
@@ -31,24 +34,34 @@ struct GqaSpec {
   GqaScaleLayout scales = GqaScaleLayout::kNone;
   bool append = false;
   uint32_t seed = 1;
+  DType q_dtype = DType::kBF16;  // q, k_new, v_new; a 16-bit cache (`cache`) must be the same dtype
+  std::vector<int32_t> lengths;  // cache_seqlens; empty: random in [append ? s_q : 0, max_blocks * page]
+  float amplitude = 1.f;         // cache values (dequantized) and new rows about amplitude * N(0, 1)
+  // NaN in every cache slot that holds no token before the step (positions >= L, or >= L - s_q
+  // with append: the appended slots start as NaN too; per-token scales NaN as well, int8 values
+  // -128), and garbage in the block-table entries past each length's pages.
+  bool poison = false;
 };
 
 struct GqaCase {
   explicit GqaCase(const GqaSpec& spec) : s(spec), num_blocks(spec.b * spec.max_blocks + 2) {
     std::mt19937 rng(s.seed);
     std::normal_distribution<float> normal(0.f, 1.f);
-    auto bf16s = [&](int64_t n) {
+    auto halfs = [&](int64_t n, float amplitude) {
       std::vector<uint16_t> v(n);
-      for (auto& x : v) x = host::float_to_bf16(normal(rng));
+      for (auto& x : v) x = to_half(amplitude * normal(rng));
       return v;
     };
-    q = bf16s(s.b * s.s_q * s.h_q * s.d);
-    if (s.append) k_new = bf16s(s.b * s.s_q * s.h_kv * s.d), v_new = bf16s(s.b * s.s_q * s.h_kv * s.d);
+    q = halfs(s.b * s.s_q * s.h_q * s.d, 1.f);
+    if (s.append) {
+      k_new = halfs(s.b * s.s_q * s.h_kv * s.d, s.amplitude);
+      v_new = halfs(s.b * s.s_q * s.h_kv * s.d, s.amplitude);
+    }
     const int64_t slots = num_blocks * s.page * s.h_kv;
     for (auto* cache : {&kc, &vc}) {
       cache->resize(slots * s.d * dtype_size(s.cache));
       for (int64_t e = 0; e < slots * s.d; ++e) {
-        if (s.cache == DType::kBF16) host::store_as<uint16_t>(cache->data(), e, host::float_to_bf16(normal(rng)));
+        if (is_half(s.cache)) host::store_half(cache->data(), e, s.cache, s.amplitude * normal(rng));
         if (s.cache == DType::kFP8E4M3) (*cache)[e] = detail::float_to_e4m3(normal(rng));
         if (s.cache == DType::kInt8) (*cache)[e] = static_cast<uint8_t>(static_cast<int8_t>(rng() % 255 - 127));
       }
@@ -58,7 +71,7 @@ struct GqaCase {
     const int64_t n_scales = s.scales == GqaScaleLayout::kPerToken ? slots : s.scales == GqaScaleLayout::kPerTensor;
     for (auto* sc : {&ks, &vs}) {
       sc->resize(n_scales);
-      for (auto& x : *sc) x = around(rng);
+      for (auto& x : *sc) x = s.amplitude * around(rng);
     }
     std::vector<int32_t> perm(num_blocks);
     std::iota(perm.begin(), perm.end(), 0);
@@ -66,11 +79,13 @@ struct GqaCase {
     table.assign(perm.begin(), perm.begin() + s.b * s.max_blocks);
     seqlens.resize(s.b);
     for (auto& L : seqlens) L = static_cast<int32_t>((s.append ? s.s_q : 0) + rng() % (s.max_blocks * s.page + 1 - (s.append ? s.s_q : 0)));
+    if (!s.lengths.empty()) seqlens = s.lengths;
     alibi.resize(s.h_q);
     for (auto& x : alibi) x = 0.25f * around(rng) / unit;
     finished.assign(s.b, 0);
     out.assign(s.b * s.s_q * s.h_q * s.d, NAN);
     lse.assign(s.b * s.h_q * s.s_q, NAN);
+    if (s.poison) poison_unused();
     rebuild();
   }
   GqaCase(const GqaCase&) = delete;  // args point into this object's buffers
@@ -79,7 +94,7 @@ struct GqaCase {
   // Sets `args` to views of the buffers (fp32 out, lse, no options).
   void rebuild() {
     args = GqaDecodeArgs{};
-    args.q = make_tensor(q.data(), DType::kBF16, {s.b, s.s_q, s.h_q, s.d});
+    args.q = make_tensor(q.data(), s.q_dtype, {s.b, s.s_q, s.h_q, s.d});
     args.k_cache.values = make_tensor(kc.data(), s.cache, {num_blocks, s.page, s.h_kv, s.d});
     args.v_cache.values = make_tensor(vc.data(), s.cache, {num_blocks, s.page, s.h_kv, s.d});
     if (s.scales == GqaScaleLayout::kPerToken) {
@@ -92,8 +107,8 @@ struct GqaCase {
     args.block_table = make_tensor(table.data(), DType::kInt32, {s.b, s.max_blocks});
     args.cache_seqlens = make_tensor(seqlens.data(), DType::kInt32, {s.b});
     if (s.append) {
-      args.k_new = make_tensor(k_new.data(), DType::kBF16, {s.b, s.s_q, s.h_kv, s.d});
-      args.v_new = make_tensor(v_new.data(), DType::kBF16, {s.b, s.s_q, s.h_kv, s.d});
+      args.k_new = make_tensor(k_new.data(), s.q_dtype, {s.b, s.s_q, s.h_kv, s.d});
+      args.v_new = make_tensor(v_new.data(), s.q_dtype, {s.b, s.s_q, s.h_kv, s.d});
     }
     args.out = make_tensor(out.data(), DType::kFP32, {s.b, s.s_q, s.h_q, s.d});
     args.lse = make_tensor(lse.data(), DType::kFP32, {s.b, s.h_q, s.s_q});
@@ -106,12 +121,40 @@ struct GqaCase {
   // Cache value as the header defines it: stored * scale.
   double dequant(const std::vector<uint8_t>& cache, const std::vector<float>& sc, int64_t slot_index, int c) const {
     const int64_t e = slot_index * s.d + c;
-    double v = s.cache == DType::kBF16 ? host::bf16_to_float(host::load_as<uint16_t>(cache.data(), e))
+    double v = is_half(s.cache) ? host::load_half(cache.data(), e, s.cache)
                : s.cache == DType::kInt8 ? static_cast<int8_t>(cache[e])
                                          : detail::e4m3_to_float(cache[e]);
     if (s.scales == GqaScaleLayout::kPerToken) v *= sc[slot_index];
     if (s.scales == GqaScaleLayout::kPerTensor) v *= sc[0];
     return v;
+  }
+
+  // What GqaSpec::poison describes, for the current seqlens (the constructor calls it).
+  void poison_unused() {
+    const int64_t rows = num_blocks * s.page;
+    std::vector<bool> holds(rows, false);  // (block, row) holds a token of some entry
+    for (int64_t i = 0; i < s.b; ++i) {
+      const int64_t L = seqlens[i], kept = std::max<int64_t>(0, s.append ? L - s.s_q : L);
+      for (int64_t j = 0; j < kept; ++j) holds[block_of(i, j) * s.page + j % s.page] = true;
+      for (int64_t n = (L + s.page - 1) / s.page; n < s.max_blocks; ++n) {
+        table[i * s.max_blocks + n] = n % 2 ? -7 : static_cast<int32_t>(num_blocks + 3);
+      }
+    }
+    const int64_t elem = dtype_size(s.cache);
+    const uint8_t nan_byte = s.cache == DType::kInt8 ? 0x80 : 0xff;  // int8: -128, never stored
+    for (int64_t r = 0; r < rows; ++r) {
+      if (holds[r]) continue;
+      for (int hk = 0; hk < s.h_kv; ++hk) {
+        const int64_t index = r * s.h_kv + hk;
+        for (auto* cache : {&kc, &vc}) std::fill_n(cache->begin() + index * s.d * elem, s.d * elem, nan_byte);
+        if (s.scales == GqaScaleLayout::kPerToken) ks[index] = vs[index] = NAN;
+      }
+    }
+  }
+
+  static bool is_half(DType t) { return t == DType::kBF16 || t == DType::kFP16; }
+  uint16_t to_half(float x) const {
+    return s.q_dtype == DType::kBF16 ? host::float_to_bf16(x) : host::float_to_fp16(x);
   }
 
   GqaSpec s;
@@ -162,7 +205,7 @@ inline GqaNaive naive_gqa(const GqaCase& c, const GqaDecodeArgs& a) {
       for (int h = 0; h < s.h_q; ++h) {
         const int hk = h / (s.h_q / s.h_kv);
         std::vector<double> q(s.d);
-        for (int d = 0; d < s.d; ++d) q[d] = host::bf16_to_float(c.q[((i * s.s_q + t) * s.h_q + h) * s.d + d]);
+        for (int d = 0; d < s.d; ++d) q[d] = host::load_half(c.q.data(), ((i * s.s_q + t) * s.h_q + h) * s.d + d, s.q_dtype);
         naive_rope(q, a.rope, static_cast<double>(pos));
         std::vector<double> z;
         std::vector<int64_t> keys;

@@ -27,9 +27,11 @@ int64_t env_positive(const char* name, int64_t fallback) {
 
 // Fills the plan's partial-result regions (partial_out, then partial_lse: the last two regions
 // of the workspace, set_decode_num_parts) with 0xFF bytes. The plan's own regions before them
-// stay.
-void poison_partials(const MlaDecodePlan& plan) {
-  if (plan.workspace_bytes <= plan.partial_out_offset) return;
+// stay. The GQA decode plan has the same regions.
+template <typename Plan>
+void poison_partials(const Plan& plan) {
+  // Offset 0 would be the schedule itself (a plan without partial regions).
+  if (plan.partial_out_offset == 0 || plan.workspace_bytes <= plan.partial_out_offset) return;
   char* begin = static_cast<char*>(plan.workspace) + plan.partial_out_offset;
   check_cuda(cudaMemset(begin, 0xFF, plan.workspace_bytes - plan.partial_out_offset), "poison partials");
 }
@@ -93,8 +95,11 @@ bool plan_splits(const MlaDecodePlan& plan) {
   return false;
 }
 
-RepeatResult run_repeated(const std::vector<Output>& outputs, const MlaDecodePlan* plan,
-                          const std::function<Status()>& launch, const ReferenceCheck& check) {
+namespace {
+
+template <typename Plan>
+RepeatResult run_repeated_impl(const std::vector<Output>& outputs, const Plan* plan,
+                               const std::function<Status()>& launch, const ReferenceCheck& check) {
   RepeatResult r;
   OutputBytes first;
   int differing_calls = 0;
@@ -138,6 +143,18 @@ RepeatResult run_repeated(const std::vector<Output>& outputs, const MlaDecodePla
   return r;
 }
 
+}  // namespace
+
+RepeatResult run_repeated(const std::vector<Output>& outputs, const MlaDecodePlan* plan,
+                          const std::function<Status()>& launch, const ReferenceCheck& check) {
+  return run_repeated_impl(outputs, plan, launch, check);
+}
+
+RepeatResult run_repeated(const std::vector<Output>& outputs, const GqaDecodePlan& plan,
+                          const std::function<Status()>& launch, const ReferenceCheck& check) {
+  return run_repeated_impl(outputs, &plan, launch, check);
+}
+
 std::string verdict(const support::AccuracyReport& r) {
   if (r.ok) return "";
   return r.message + " (cosine diff " + std::to_string(r.cosine_diff) + ")";
@@ -174,7 +191,7 @@ void Tally::add(const RepeatResult& r, bool split) {
 
 void Tally::print() const {
   const std::string splits = planned_ ? " (" + std::to_string(split_) + " with split plans)" : "";
-  std::printf("[stress] %s / %s: %lld calls over %d cases%s, %d failing cases\n", op_, kernel_name(kernel_),
+  std::printf("[stress] %s / %s: %lld calls over %d cases%s, %d failing cases\n", op_, variant_,
               static_cast<long long>(calls_), cases_, splits.c_str(), failed_);
   std::fflush(stdout);
 }

@@ -3,9 +3,11 @@
 // per-family tally printed at the end of each test.
 //
 // Every test is parameterised by kernel family (Stress/<Op>.RepeatedCallsAreExactAndCorrect/
-// portable and /sm90). Its case list starts with fixed coverage cases that reach every kernel
-// instance of the family (so a sanitizer run with a few cases still does), followed by random
-// ones; case i is the same whatever the number of cases.
+// portable and /sm90), or, where the plan picks no kernel family (the GQA decode), by q's dtype
+// (Stress/GqaDecodeStress.RepeatedCallsAreExactAndCorrect/bf16 and /fp16). Its case list starts
+// with fixed coverage cases that reach every kernel instance of the family (so a sanitizer run
+// with a few cases still does), followed by random ones; case i is the same whatever the number
+// of cases.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "mlakit/gqa_decode.h"
 #include "mlakit/mla_decode.h"
 #include "support/accuracy.h"
 
@@ -84,6 +87,9 @@ struct RepeatResult {
 // to tell "wrong" from "only different".
 RepeatResult run_repeated(const std::vector<Output>& outputs, const MlaDecodePlan* plan,
                           const std::function<Status()>& launch, const ReferenceCheck& check);
+// The same for the GQA decode, whose plan has the MLA decode plan's workspace regions.
+RepeatResult run_repeated(const std::vector<Output>& outputs, const GqaDecodePlan& plan,
+                          const std::function<Status()>& launch, const ReferenceCheck& check);
 
 template <typename T>
 std::vector<T> from_bytes(const std::vector<uint8_t>& bytes) {
@@ -104,7 +110,9 @@ bool has_nan(const std::vector<float>& v);
 class Tally {
  public:
   // planned: the op has a plan whose splits are worth counting.
-  Tally(const char* op, MlaKernel kernel, bool planned = true) : op_(op), kernel_(kernel), planned_(planned) {}
+  Tally(const char* op, MlaKernel kernel, bool planned = true) : Tally(op, kernel_name(kernel), planned) {}
+  // An operation without kernel families: `variant` names the test's parameter instead.
+  Tally(const char* op, const char* variant, bool planned = true) : op_(op), variant_(variant), planned_(planned) {}
   void add(const RepeatResult& r, bool split);
   int64_t calls() const { return calls_; }
   int failed_cases() const { return failed_; }
@@ -112,7 +120,7 @@ class Tally {
 
  private:
   const char* op_;
-  MlaKernel kernel_;
+  const char* variant_;
   bool planned_;
   int64_t calls_ = 0;
   int cases_ = 0, split_ = 0, failed_ = 0;
