@@ -85,6 +85,7 @@ struct Context {
   const GqaDecodeShape& p;
   double softmax_scale;
   Cache k, v;
+  RowRope rope;  // of q and k_new
 
   bool finished(int64_t i) const {
     return !a.finished.empty() && host::load_as<uint8_t>(a.finished.data, i * a.finished.stride[0]) != 0;
@@ -137,18 +138,17 @@ Status check_data(const Context& c) {
 
 // Writes entry i's s_q new tokens as the GPU's append does (append_cache_row): k rotated at
 // its position in float by the shared rotary code (common/rotary.h), both quantized to the
-// cache's format. (q is rotated in float64, apply_rope: it is never stored.)
+// cache's format.
 void append_sequence(const Context& c, int64_t i) {
   const GqaDecodeArgs& a = c.a;
   const GqaDecodeShape& p = c.p;
   const int64_t L = c.length(i);
-  const RowRope k_rope{a.rope.style, p.rotary_dim, detail::rope_log_theta(a.rope.theta)};
   for (int t = 0; t < p.s_q; ++t) {
     const int64_t pos = L - p.s_q + t, block = c.block(i, pos / p.page_size), slot_row = pos % p.page_size;
     if (block < 0) continue;  // never dereferenced; the rows that read it are NaN rows
     for (int hk = 0; hk < p.h_kv; ++hk) {
       const int64_t k_base = i * a.k_new.stride[0] + t * a.k_new.stride[1] + hk * a.k_new.stride[2];
-      c.k.append(block, slot_row, hk, a.k_new, k_base, p.d, k_rope, pos);
+      c.k.append(block, slot_row, hk, a.k_new, k_base, p.d, c.rope, pos);
       const int64_t v_base = i * a.v_new.stride[0] + t * a.v_new.stride[1] + hk * a.v_new.stride[2];
       c.v.append(block, slot_row, hk, a.v_new, v_base, p.d, RowRope{}, pos);
     }
@@ -158,6 +158,7 @@ void append_sequence(const Context& c, int64_t i) {
 // Scratch of one thread.
 struct Rows {
   std::vector<double> q, key, out, logits;
+  std::vector<float> q_row;
 };
 
 // Attention of row (t, head) of entry i over the visible positions [first, last] into r.out;
@@ -167,8 +168,11 @@ double attend_row(const Context& c, int64_t i, int t, int head, int64_t pos, int
   const GqaDecodeShape& p = c.p;
   const int hk = head / (p.h_q / p.h_kv);
   const int64_t q_base = i * a.q.stride[0] + t * a.q.stride[1] + head * a.q.stride[2];
-  for (int d = 0; d < p.d; ++d) r.q[d] = host::load_half(a.q.data, q_base + d, a.q.dtype);
-  apply_rope(r.q.data(), a.rope.style, a.rope.theta, p.rotary_dim, static_cast<double>(pos));
+  // q rotated as the kernels rotate it (common/rotary.h, in float) and rounded back to its
+  // dtype, the input of their matrix units (docs/contract.md, GQA decode).
+  for (int d = 0; d < p.d; ++d) r.q_row[d] = host::load_half(a.q.data, q_base + d, a.q.dtype);
+  rotate_row_float(r.q_row.data(), c.rope, pos);
+  for (int d = 0; d < p.d; ++d) r.q[d] = host::round_to_half(r.q_row[d], a.q.dtype);
   const double slope = a.alibi_slopes.empty() ? 0.0 : host::load_as<float>(a.alibi_slopes.data, head);
 
   const int64_t n = last - first + 1;
@@ -211,7 +215,7 @@ void decode_sequence(const Context& c, int64_t i) {
   std::vector<int64_t> invalid(needed + 1, 0);
   for (int64_t n = 0; n < needed; ++n) invalid[n + 1] = invalid[n] + (c.block(i, n) < 0);
 
-  Rows r{std::vector<double>(p.d), std::vector<double>(p.d), std::vector<double>(p.d), {}};
+  Rows r{std::vector<double>(p.d), std::vector<double>(p.d), std::vector<double>(p.d), {}, std::vector<float>(p.d)};
   for (int t = 0; t < p.s_q; ++t) {
     const int64_t pos = L - p.s_q + t;  // negative only without k_new (L < s_q)
     const int64_t last = c.a.causal ? pos : L - 1;
@@ -242,7 +246,8 @@ Status gqa_decode(const GqaDecodeArgs& args, int num_threads) {
                   p,
                   detail::resolve_softmax_scale(args.softmax_scale, p.d),
                   {args.k_cache.values, args.k_cache.scale, p.scale_layout},
-                  {args.v_cache.values, args.v_cache.scale, p.scale_layout}};
+                  {args.v_cache.values, args.v_cache.scale, p.scale_layout},
+                  RowRope{args.rope.style, p.rotary_dim, detail::rope_log_theta(args.rope.theta)}};
   Status data;
   const Status run = run_guarded(kOp, [&] {
     data = check_data(c);

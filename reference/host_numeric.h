@@ -88,6 +88,11 @@ inline void store_half(void* base, int64_t index, DType dtype, float value) {
   store_as<uint16_t>(base, index, dtype == DType::kBF16 ? float_to_bf16(value) : float_to_fp16(value));
 }
 
+// `value` rounded to nearest even in a 16-bit activation dtype, as float.
+inline float round_to_half(float value, DType dtype) {
+  return dtype == DType::kBF16 ? bf16_to_float(float_to_bf16(value)) : fp16_to_float(float_to_fp16(value));
+}
+
 // A result element of an output that is q's 16-bit dtype or float32 (the references'
 // unrounded results): rounded to nearest even, or stored as is.
 inline void store_result(void* base, int64_t index, DType dtype, float value) {

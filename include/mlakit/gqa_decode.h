@@ -17,8 +17,9 @@
 //     both quantized to the cache's format, before the attention reads the cache.
 //   - Visible keys: [first, last] with last = causal ? pos : L - 1 and first = window > 0 ?
 //     max(0, last - window + 1) : 0 (nothing visible when L - s_q + t < 0 under causal).
-//   - Logit of key j: s = softmax_scale * dot(q_t, k_j) (q_t after the rotary embedding, k_j
-//     dequantized); softcap > 0: s = softcap * tanh(s / softcap); ALiBi: s += slope[h] *
+//   - Logit of key j: s = softmax_scale * dot(q_t, k_j) (q_t after the rotary embedding,
+//     computed in float32 by the shared rotary code and rounded to q's dtype, the input of the
+//     kernels' matrix units; k_j dequantized); softcap > 0: s = softcap * tanh(s / softcap); ALiBi: s += slope[h] *
 //     (j - pos).
 //   - out = softmax(s) V; lse = natural log of sum(exp(s)); a row with no visible key: out 0,
 //     lse +inf.

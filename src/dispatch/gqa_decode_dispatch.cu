@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "common/rotary.h"
 #include "dispatch/cuda_status.h"
 #include "dispatch/planned_decode.h"
 #include "host/gqa_decode_layout.h"
@@ -89,7 +90,7 @@ GqaDecodeParams make_params(const GqaDecodeArgs& a, const GqaDecodeShape& shape,
           {
               .style = shape.rotary_dim > 0 ? static_cast<int>(a.rope.style) : 0,
               .rotary_dim = shape.rotary_dim,
-              .log_theta = std::log(a.rope.theta),
+              .log_theta = rope_log_theta(a.rope.theta),
           },
       .cache_seqlens = seqlens,
       .alibi_slopes = static_cast<const float*>(a.alibi_slopes.data),

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/fp8_e4m3.h"
+#include "common/rotary.h"
 #include "host/gqa_decode_validate.h"
 #include "mlakit/gqa_decode.h"
 #include "reference/host_numeric.h"
@@ -168,6 +169,21 @@ struct GqaCase {
 
 // Rotation of head vector x by position pos, written with complex numbers: pair c is the
 // complex number (x[i], x[j]) times e^(i * pos * theta^(-2c / rotary_dim)).
+// q as the kernels rotate it (docs/contract.md, GQA decode): the shared float rotation
+// (common/rotary.h, tested against long double in rotary_test.cpp), rounded to q's dtype.
+inline void rope_q_as_kernels(std::vector<double>& q, const RotaryEmbedding& rope, int64_t pos, DType dtype) {
+  const int d = static_cast<int>(q.size());
+  const int rd = rope.style == RopeStyle::kNone ? 0 : (rope.rotary_dim ? rope.rotary_dim : d);
+  std::vector<double> rotated = q;
+  for (int e = 0; e < rd; ++e) {
+    const detail::RopePair pair = detail::rope_pair(e, static_cast<int>(rope.style), rd);
+    float cs, sn;
+    detail::rope_cos_sin(pos, pair.c, rd, detail::rope_log_theta(rope.theta), &cs, &sn);
+    rotated[e] = detail::rope_rotate(static_cast<float>(q[e]), static_cast<float>(q[pair.partner]), cs, sn, pair.first);
+  }
+  for (int e = 0; e < d; ++e) q[e] = host::round_to_half(static_cast<float>(rotated[e]), dtype);
+}
+
 inline void naive_rope(std::vector<double>& x, const RotaryEmbedding& rope, double pos) {
   if (rope.style == RopeStyle::kNone) return;
   const int rd = rope.rotary_dim ? rope.rotary_dim : static_cast<int>(x.size());
@@ -206,7 +222,7 @@ inline GqaNaive naive_gqa(const GqaCase& c, const GqaDecodeArgs& a) {
         const int hk = h / (s.h_q / s.h_kv);
         std::vector<double> q(s.d);
         for (int d = 0; d < s.d; ++d) q[d] = host::load_half(c.q.data(), ((i * s.s_q + t) * s.h_q + h) * s.d + d, s.q_dtype);
-        naive_rope(q, a.rope, static_cast<double>(pos));
+        rope_q_as_kernels(q, a.rope, pos, s.q_dtype);
         std::vector<double> z;
         std::vector<int64_t> keys;
         for (int64_t j = 0; j < L; ++j) {

@@ -212,7 +212,8 @@ TEST(GqaDecodeRef, RopeRotatesTheDocumentedPairs) {
 }
 
 // Through the decode: q = e0 at position 2 against the single visible key e32 (window 1):
-// NeoX pairs column 0 with 32, so the logit is scale * sin 2; GPT-J pairs 0 with 1: logit 0.
+// NeoX pairs column 0 with 32, so the logit is scale * sin 2 with the rotated q rounded to
+// bf16 (docs/contract.md); GPT-J pairs 0 with 1: logit 0.
 TEST(GqaDecodeRef, RopeOfQUsesTheCachePosition) {
   for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
     GqaCase c({.b = 1, .h_q = 1, .h_kv = 1, .seed = 2});
@@ -224,7 +225,8 @@ TEST(GqaDecodeRef, RopeOfQUsesTheCachePosition) {
     c.args.window = 1;
     c.args.rope = {style, 10000.0, 0};
     ASSERT_TRUE(reference::gqa_decode(c.args).is_ok());
-    EXPECT_NEAR(c.lse[0], style == RopeStyle::kNeox ? 0.125 * std::sin(2.0) : 0.0, 1e-7);
+    const double sin2_bf16 = host::bf16_to_float(host::float_to_bf16(static_cast<float>(std::sin(2.0))));
+    EXPECT_NEAR(c.lse[0], style == RopeStyle::kNeox ? 0.125 * sin2_bf16 : 0.0, 1e-7);
     for (int d = 0; d < c.s.d; ++d) EXPECT_EQ(c.out[d], static_cast<float>(c.dequant(c.vc, c.vs, slot, d))) << d;
   }
 }

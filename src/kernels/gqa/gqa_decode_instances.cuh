@@ -20,7 +20,8 @@ cudaError_t launch_gqa_decode_tile(const GqaDecodeParams& params, cudaStream_t s
   // device of a multi-GPU process gets it.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const int row_tiles = (params.core.rows + T::kRows - 1) / T::kRows;
+  // No rows (h_q 0): one row tile of CTAs still runs, to append.
+  const int row_tiles = max(1, (params.core.rows + T::kRows - 1) / T::kRows);
   const dim3 grid(static_cast<unsigned>(params.schedule.num_parts), static_cast<unsigned>(params.core.h_kv),
                   static_cast<unsigned>(row_tiles));
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(params);

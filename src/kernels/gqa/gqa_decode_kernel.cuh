@@ -107,6 +107,7 @@ class GqaDecodeCta {
     start_ = L_ - s.L;  // s.L: the scheduled (window-capped) length
     key_end_ = s.key_end;
     if (p_.append.k_new != nullptr) append_new_rows(s);
+    if (rows_here_ <= 0) return;  // no query rows (h_q 0): the append was all
     load_q();
     row_limits();
     reset_state();
