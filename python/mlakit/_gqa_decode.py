@@ -9,7 +9,7 @@ from typing import Any, Optional, Tuple, Union
 from . import _arrays as arrays
 from . import _checks as checks
 from . import _mlakit as _C
-from ._gqa_cache import CACHE_DIMS, check_cache, rope_arguments, same_place, scale_argument
+from ._gqa_cache import check_cache, rope_arguments, same_place, scale_argument
 
 GqaDecodePlan = _C.GqaDecodePlan
 #: A plan and the workspace it lives in: keep both for as long as the plan is used.
