@@ -518,3 +518,28 @@ def test_converting_no_rows():
     values, scale = mlakit.quantize_gqa_cache(src, "int8")
     assert values.shape == src.shape and scale.shape == (0, 16, 2)
     assert mlakit.dequantize_gqa_cache(values, scale).shape == src.shape
+
+
+# ----------------------------------------------------------------------------------------
+# docs/python.md's example, on CPU tensors (the same calls run the CPU reference).
+
+
+def test_the_docs_example_runs_on_host_tensors():
+    torch = pytest.importorskip("torch")
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
+    with open(path) as f:
+        text = f.read()
+    code = text.split("\n## GQA decode\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'device = "cuda"' in code
+    scope = {}
+    exec(code.replace('device = "cuda"', 'device = "cpu"'), scope)
+    out, lse, q = scope["out"], scope["lse"], scope["q"]
+    assert out.shape == (4, 1, 32, 128) and out.dtype == torch.bfloat16 and lse.shape == (4, 32, 1)
+    # The last layer against the NumPy implementation, over the caches as the appends left them.
+    k = dequantized(scope["k_int8"].numpy(), scope["k_scale"].numpy())
+    v = dequantized(scope["v_int8"].numpy(), scope["v_scale"].numpy())
+    ref = gqa_reference(q.float().numpy(), k, v, scope["block_table"].numpy(), scope["cache_seqlens"].numpy(),
+                        rope_style="neox")
+    check((out.float().numpy(), lse.numpy()), ref)
