@@ -86,14 +86,23 @@ def same_place(op: str, like_name: str, like: Any, named: Dict[str, Any]) -> Non
         )
 
 
-def run(name: str, like: Any, *args: Any) -> None:
+def call(op: str, fn: Any, *args: Any) -> Any:
+    """fn(*args), its TypeErrors (an array dtype the extension cannot read: 'q: unsupported
+    dtype ...') named after the function like the library's errors."""
+    try:
+        return fn(*args)
+    except TypeError as e:
+        raise TypeError(f"{op}: {e}") from None
+
+
+def run(op: str, name: str, like: Any, *args: Any) -> None:
     """The host (`<name>_reference`) or device (`<name>` on the current stream) tool."""
     args = tuple(arrays.extension_view(a) for a in args)
     if arrays.on_host(like):
-        getattr(_C, name + "_reference")(*args)
+        call(op, getattr(_C, name + "_reference"), *args)
         return
     with arrays.device_scope(like):
-        getattr(_C, name)(*args, arrays.current_stream(like))
+        call(op, getattr(_C, name), *args, arrays.current_stream(like))
 
 
 def quantize_gqa_cache(src: Any, dtype: str = "int8", scale: Optional[Any] = None) -> Tuple[Any, Any]:
@@ -121,7 +130,7 @@ def quantize_gqa_cache(src: Any, dtype: str = "int8", scale: Optional[Any] = Non
     values = arrays.empty(src, shape, "int8" if dtype == "int8" else "float8_e4m3fn")
     if scale is None:
         scale = arrays.empty(src, shape[:3], "float32")
-    run("quantize_gqa_cache", src, src, values, scale)
+    run(op, "quantize_gqa_cache", src, src, values, scale)
     return values, scale
 
 
@@ -138,7 +147,7 @@ def dequantize_gqa_cache(values: Any, scale: Any, dtype: str = "bfloat16") -> An
     checks.choice(op, "dtype", dtype, HALF_DTYPES)
     same_place(op, "values", values, {"scale": scale})
     out = arrays.empty(values, tuple(int(n) for n in values.shape), dtype)
-    run("dequantize_gqa_cache", values, values, scale, out)
+    run(op, "dequantize_gqa_cache", values, values, scale, out)
     return out
 
 
@@ -181,5 +190,5 @@ def gqa_cache_append(
     same_place(op, "k_cache", k_cache, dict(k_new=k_new, v_new=v_new, v_cache=v_cache, block_table=block_table,
                                              cache_seqlens=cache_seqlens, k_scale=k_scale, v_scale=v_scale,
                                              finished=finished))
-    run("gqa_cache_append", k_cache, k_new, v_new, k_cache, k_scale, v_cache, v_scale, block_table, cache_seqlens,
+    run(op, "gqa_cache_append", k_cache, k_new, v_new, k_cache, k_scale, v_cache, v_scale, block_table, cache_seqlens,
         style, theta, rot, finished)

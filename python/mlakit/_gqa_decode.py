@@ -9,7 +9,7 @@ from typing import Any, Optional, Tuple, Union
 from . import _arrays as arrays
 from . import _checks as checks
 from . import _mlakit as _C
-from ._gqa_cache import check_cache, rope_arguments, same_place, scale_argument
+from ._gqa_cache import call, check_cache, rope_arguments, same_place, scale_argument
 
 GqaDecodePlan = _C.GqaDecodePlan
 #: A plan and the workspace it lives in: keep both for as long as the plan is used.
@@ -43,9 +43,8 @@ def gqa_decode_plan(
     with arrays.device_scope(cache_seqlens):
         size = _C.gqa_decode_workspace_size(b, s_q, h_q, h_kv, d, causal, window)
         workspace = arrays.empty(cache_seqlens, (size,), "uint8")
-        plan = _C.gqa_decode_plan(
-            b, s_q, h_q, h_kv, d, causal, window, cache_seqlens, workspace, arrays.current_stream(cache_seqlens)
-        )
+        plan = call(op, _C.gqa_decode_plan, b, s_q, h_q, h_kv, d, causal, window, cache_seqlens, workspace,
+                    arrays.current_stream(cache_seqlens))
     return workspace, plan
 
 
@@ -149,10 +148,10 @@ def gqa_decode(
     common = (v(q), v(k_cache), k_scale, v(v_cache), v_scale, block_table, cache_seqlens, v(k_new), v(v_new), style,
               theta, rot, alibi_slopes, finished, v(out), lse, softmax_scale, causal, window, softcap)
     if arrays.on_host(q):
-        _C.gqa_decode_reference(*common)
+        call(op, _C.gqa_decode_reference, *common)
     else:
         with arrays.device_scope(q):
             if plan is None:
                 plan = gqa_decode_plan(cache_seqlens, s_q, h_q, int(k_cache.shape[2]), d, causal, window)
-            _C.gqa_decode(*common, plan[1], arrays.current_stream(q))
+            call(op, _C.gqa_decode, *common, plan[1], arrays.current_stream(q))
     return (out, lse) if return_lse else out

@@ -459,6 +459,16 @@ def test_python_checks_name_the_argument():
         mlakit.gqa_decode_plan(a["cache_seqlens"], 1, 8, 2, 64, causal="no")
 
 
+def test_dtypes_the_extension_cannot_read_name_the_function_and_argument():
+    a = _args()
+    with pytest.raises(TypeError, match=r"^gqa_decode: q: unsupported dtype"):
+        mlakit.gqa_decode(**dict(a, q=a["q"].astype(np.float64)))
+    with pytest.raises(TypeError, match=r"^quantize_gqa_cache: src: unsupported dtype"):
+        mlakit.quantize_gqa_cache(np.zeros((1, 16, 2, 64)), "int8")
+    with pytest.raises(ValueError, match=r"q\.dtype: expected"):
+        mlakit.gqa_decode(**dict(a, q=a["q"].astype(np.float32)))
+
+
 def test_float8_flavours_other_than_e4m3fn_are_refused():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     a = _args()
