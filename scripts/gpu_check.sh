@@ -25,6 +25,7 @@
 #          the installed package, from outside the repository.
 #   --timeline=CASE_FILTER: mlakit-decode-timeline on the dense- and sparse-decode benchmark
 #          cases matching the filter (per-CTA spans, per-segment and per-tile phases).
+#   GPU_TEST_FILTER=PATTERN (environment): a gtest filter for the GPU suite (default: all).
 #   --profile: Nsight Compute on one launch of the kernels matching KERNEL_REGEX while the
 #          benchmark runs the BENCH_FILTER cases: the details page and the per-SASS-instruction
 #          source page (stall sampling) as CSV under $OUT.
@@ -102,7 +103,8 @@ gzip -f "$OUT/sass.txt"
 if [ "$run_tests" = 1 ]; then
   "$build/tests/mlakit_cpu_tests" --gtest_brief=1 >"$OUT/cpu_tests.log" 2>&1
   note "cpu tests: rc=$? $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/cpu_tests.log" | head -3 | tr '\n' ' ')"
-  timeout "${GPU_TEST_TIMEOUT:-300}" "$build/tests/mlakit_gpu_tests" --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
+  timeout "${GPU_TEST_TIMEOUT:-300}" "$build/tests/mlakit_gpu_tests" --gtest_brief=1 \
+    --gtest_filter="${GPU_TEST_FILTER:-*}" >"$OUT/gpu_tests.log" 2>&1
   note "gpu tests: rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|SKIPPED' "$OUT/gpu_tests.log" | head -12 | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -8 | tee -a "$summary"
   grep -B1 -A3 "Failure" "$OUT/gpu_tests.log" | grep -E "got|differ|Expected|status" | head -8 | tee -a "$summary"

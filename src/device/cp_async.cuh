@@ -28,6 +28,20 @@ __device__ __forceinline__ void cp_async_16_or_zero(uint32_t smem_dst, const voi
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(copy ? 16 : 0));
 }
 
+// 4 bytes through L1 (cp.async.ca: .cg takes only 16); both addresses 4-byte aligned.
+__device__ __forceinline__ void cp_async_4(uint32_t smem_dst, const void* gmem_src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_dst), "l"(gmem_src));
+}
+
+// cp.async.commit_group: closes the group of this thread's copies issued since the last one.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// cp.async.wait_group N: all but this thread's N most recent groups have landed.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_groups_but() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // cp.async.mbarrier.arrive.noinc.shared::cta.b64: one arrival on `bar` once every cp.async
 // this thread issued so far has landed (the barrier's count includes these arrivals).
 __device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {

@@ -1,7 +1,8 @@
-// What the dense and the sparse decode dispatch share (mla_decode_dispatch.cu,
-// mla_sparse_decode_dispatch.cu): the planner launch over a plan's workspace, the plan and
-// the q / out / lse tensors as kernel parameters, and the combine after the attention kernel.
-// Dispatch-internal (CUDA).
+// What the planned decodes' dispatch shares (mla_decode_dispatch.cu,
+// mla_sparse_decode_dispatch.cu, gqa_decode_dispatch.cu): the planner launch over a plan's
+// workspace, the plan and the q / out / lse tensors as kernel parameters, and the combine after
+// the attention kernel. The plan functions take an MlaDecodePlan or a GqaDecodePlan (the same
+// schedule fields). Dispatch-internal (CUDA).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,17 +13,19 @@
 #include "kernels/combine/mla_decode_combine_launch.h"
 #include "kernels/mla_params.h"
 #include "kernels/schedule/decode_plan_launch.h"
+#include "mlakit/gqa_decode.h"
 #include "mlakit/mla_decode.h"
 
 namespace mlakit::detail {
 
-template <typename T>
-T* region(const MlaDecodePlan& plan, std::size_t offset) {
+template <typename T, typename Plan>
+T* region(const Plan& plan, std::size_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(plan.workspace) + offset);
 }
 
 // The device planner of `plan` over `lengths`, writing the plan's schedule regions.
-inline cudaError_t launch_plan(const MlaDecodePlan& plan, const SeqLengths& lengths, cudaStream_t stream) {
+template <typename Plan>
+cudaError_t launch_plan(const Plan& plan, const SeqLengths& lengths, cudaStream_t stream) {
   const ScheduleConfig config{
       .num_parts = plan.num_parts,
       .block_n = plan.block_n,
@@ -34,9 +37,14 @@ inline cudaError_t launch_plan(const MlaDecodePlan& plan, const SeqLengths& leng
                             region<PartRange>(plan, plan.part_ranges_offset), stream);
 }
 
+// Whether every scheduled sequence lies whole in one part (MLA sparse plans only).
+inline bool no_splits(const MlaDecodePlan& plan) { return plan.no_splits; }
+inline bool no_splits(const GqaDecodePlan&) { return false; }
+
 // What every planned launch takes from its plan: the workspace regions (schedule, partial
 // results) and the schedule's shape.
-inline SplitSchedule plan_schedule(const MlaDecodePlan& plan) {
+template <typename Plan>
+SplitSchedule plan_schedule(const Plan& plan) {
   return SplitSchedule{
       .part_ranges = region<const PartRange>(plan, plan.part_ranges_offset),
       .split_prefix = region<const int32_t>(plan, plan.split_prefix_offset),
@@ -45,7 +53,7 @@ inline SplitSchedule plan_schedule(const MlaDecodePlan& plan) {
       .partial_lse = region<float>(plan, plan.partial_lse_offset),
       .block_n = plan.block_n,
       .num_parts = plan.num_parts,
-      .no_splits = plan.no_splits,  // the combine then launches nothing
+      .no_splits = no_splits(plan),  // the combine then launches nothing
   };
 }
 
@@ -69,10 +77,10 @@ inline void attach_io(const TensorRef& q, const TensorRef& out, const TensorRef&
 // (stream order makes it read the attention kernel's partials; it launches nothing for a plan
 // with no_splits). Used as with_combine<Elem>(launch_...(params, ...), params, stream), so the
 // attention is launched first; its error, if any, is returned and the combine not launched.
-template <typename Elem, typename PlannedParams>
+template <typename Elem, typename PlannedParams, int kDv = 512>
 cudaError_t with_combine(cudaError_t attention, const PlannedParams& params, cudaStream_t stream) {
   if (attention != cudaSuccess) return attention;
-  return launch_mla_decode_combine<Elem>(CombineParams{params.core, params.schedule}, stream);
+  return launch_mla_decode_combine<Elem, kDv>(CombineParams{params.core, params.schedule}, stream);
 }
 
 }  // namespace mlakit::detail

@@ -137,27 +137,39 @@ Status make_decode_layout(const MlaDecodeProblem& p, const DeviceInfo& device,
   return Status::ok();
 }
 
-void set_decode_num_parts(int num_parts, MlaDecodePlan* plan) {
-  const MlaDecodeProblem& p = plan->problem;
-  plan->num_parts = num_parts;
-  plan->partial_slots = 2 * static_cast<int64_t>(num_parts);
-
-  const auto b1 = static_cast<std::size_t>(p.b + 1);
-  const auto rows = static_cast<std::size_t>(decode_rows(p));
-  const auto slots_rows = static_cast<std::size_t>(plan->partial_slots) * p.h_kv * rows;
+ScheduleRegions schedule_regions(int num_parts, int64_t b, int h_kv, int64_t rows, int d_v) {
+  ScheduleRegions r;
+  r.partial_slots = 2 * static_cast<int64_t>(num_parts);
+  const auto b1 = static_cast<std::size_t>(b + 1);
+  const auto slots_rows = static_cast<std::size_t>(r.partial_slots) * h_kv * static_cast<std::size_t>(rows);
   std::size_t offset = 0;
   auto region = [&offset](std::size_t bytes) {
     std::size_t at = offset;
     offset = align_up(offset + bytes);
     return at;
   };
-  plan->part_ranges_offset = region(sizeof(PartRange) * num_parts);
-  plan->split_prefix_offset = region(sizeof(int32_t) * b1);
-  plan->partial_prefix_offset = region(sizeof(int32_t) * b1);
-  plan->cost_prefix_offset = region(sizeof(int64_t) * b1);
-  plan->partial_out_offset = region(sizeof(float) * slots_rows * p.d_v);
-  plan->partial_lse_offset = region(sizeof(float) * slots_rows);
-  plan->workspace_bytes = offset;
+  r.part_ranges_offset = region(sizeof(PartRange) * num_parts);
+  r.split_prefix_offset = region(sizeof(int32_t) * b1);
+  r.partial_prefix_offset = region(sizeof(int32_t) * b1);
+  r.cost_prefix_offset = region(sizeof(int64_t) * b1);
+  r.partial_out_offset = region(sizeof(float) * slots_rows * d_v);
+  r.partial_lse_offset = region(sizeof(float) * slots_rows);
+  r.workspace_bytes = offset;
+  return r;
+}
+
+void set_decode_num_parts(int num_parts, MlaDecodePlan* plan) {
+  const MlaDecodeProblem& p = plan->problem;
+  plan->num_parts = num_parts;
+  const ScheduleRegions r = schedule_regions(num_parts, p.b, p.h_kv, decode_rows(p), p.d_v);
+  plan->partial_slots = r.partial_slots;
+  plan->part_ranges_offset = r.part_ranges_offset;
+  plan->split_prefix_offset = r.split_prefix_offset;
+  plan->partial_prefix_offset = r.partial_prefix_offset;
+  plan->cost_prefix_offset = r.cost_prefix_offset;
+  plan->partial_out_offset = r.partial_out_offset;
+  plan->partial_lse_offset = r.partial_lse_offset;
+  plan->workspace_bytes = r.workspace_bytes;
 }
 
 WholeSequenceParts whole_sequence_parts(int64_t sequences, int64_t blocks, const ScheduleConfig& c) {
@@ -196,8 +208,8 @@ Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, int topk, bo
   return Status::ok();
 }
 
-Status attach_workspace(const char* op, void* workspace, std::size_t workspace_bytes, int device,
-                        MlaDecodePlan* layout) {
+Status check_workspace(const char* op, const void* workspace, std::size_t workspace_bytes, std::size_t needed,
+                       int device) {
   if (workspace == nullptr) return invalid(op, "workspace: expected a non-null pointer, got null");
   const auto address = reinterpret_cast<std::uintptr_t>(workspace);
   if (address % kWorkspaceAlignment != 0) {
@@ -205,13 +217,17 @@ Status attach_workspace(const char* op, void* workspace, std::size_t workspace_b
                            "-byte aligned pointer, got an address = " + std::to_string(address % kWorkspaceAlignment) +
                            " mod " + std::to_string(kWorkspaceAlignment));
   }
-  if (workspace_bytes < layout->workspace_bytes) {
+  if (workspace_bytes < needed) {
     return Status(StatusCode::kWorkspaceTooSmall, std::string(op) + ": workspace_bytes: expected >= " +
-                                                      std::to_string(layout->workspace_bytes) +
-                                                      " (the workspace-size query), got " +
+                                                      std::to_string(needed) + " (the workspace-size query), got " +
                                                       std::to_string(workspace_bytes));
   }
-  MLAKIT_RETURN_IF_ERROR(check_device_pointer(op, "workspace", workspace, device));
+  return check_device_pointer(op, "workspace", workspace, device);
+}
+
+Status attach_workspace(const char* op, void* workspace, std::size_t workspace_bytes, int device,
+                        MlaDecodePlan* layout) {
+  MLAKIT_RETURN_IF_ERROR(check_workspace(op, workspace, workspace_bytes, layout->workspace_bytes, device));
   layout->workspace = workspace;
   layout->workspace_bytes = workspace_bytes;
   return Status::ok();

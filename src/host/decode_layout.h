@@ -2,6 +2,7 @@
 // and the device, unit-tested on the CPU.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/decode_schedule.h"
@@ -58,6 +59,20 @@ Status make_decode_layout(const MlaDecodeProblem& problem, const DeviceInfo& dev
                           MlaDecodePlan* plan, MlaKernel request = MlaKernel::kAuto,
                           const char* op = "mla_decode_plan");
 
+// Byte offsets of a planned decode's workspace regions (docs/design.md, "Workspace"): the
+// schedule (part ranges, split and partial prefixes, planner scratch) and the partial results
+// of split sequences, [partial_slots, h_kv, rows, d_v] floats and their LSEs. Split sequences
+// need at most 2 * num_parts partial slots: a sequence cut into s pieces crosses s - 1 of the
+// num_parts - 1 part boundaries, so sum(s) <= 2 * (num_parts - 1). The MLA and GQA plans
+// both lay their workspace out with it.
+struct ScheduleRegions {
+  std::size_t part_ranges_offset, split_prefix_offset, partial_prefix_offset, cost_prefix_offset;
+  std::size_t partial_out_offset, partial_lse_offset;
+  int64_t partial_slots;
+  std::size_t workspace_bytes;
+};
+ScheduleRegions schedule_regions(int num_parts, int64_t b, int h_kv, int64_t rows, int d_v);
+
 // Sets plan->num_parts and lays the workspace regions out again for it (part ranges and
 // partial slots scale with num_parts; workspace_bytes shrinks with it).
 void set_decode_num_parts(int num_parts, MlaDecodePlan* plan);
@@ -93,8 +108,12 @@ WholeSequenceParts whole_sequence_parts(int64_t sequences, int64_t blocks, const
 Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, int topk, bool with_topk_length,
                                  const DeviceInfo& device, MlaKernel request, MlaDecodePlan* plan);
 
-// Checks the caller's workspace against `layout` (non-null, 256-byte aligned, large enough,
-// device memory) and attaches it.
+// Checks a caller's workspace: non-null, 256-byte aligned, at least `needed` bytes, device
+// memory of `device`.
+Status check_workspace(const char* op, const void* workspace, std::size_t workspace_bytes, std::size_t needed,
+                       int device);
+
+// Checks the caller's workspace against `layout` (check_workspace) and attaches it.
 Status attach_workspace(const char* op, void* workspace, std::size_t workspace_bytes, int device,
                         MlaDecodePlan* layout);
 

@@ -44,6 +44,9 @@ struct AttentionCore {
   // (-inf for a row with no key). Written where final rows are written directly.
   float* max_logits = nullptr;
   int64_t max_logits_stride_b = 0, max_logits_stride_h = 0, max_logits_stride_s = 0;
+  // [b], optional: batch entries whose byte is nonzero are skipped, their rows left as they
+  // are (the GQA decode's `finished`); lse may be null (the GQA decode's optional lse).
+  const uint8_t* skip = nullptr;
 };
 
 // The dense decode's keys: a paged cache through a block table.

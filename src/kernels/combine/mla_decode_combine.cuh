@@ -25,9 +25,17 @@ namespace mlakit::detail::portable {
 struct CombineConfig {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kDv = 512;
-  static constexpr int kValuesPerLane = kDv / 32;  // four float4 per lane
-  static constexpr int kMaxRowGroups = 65535;      // gridDim.z limit; larger row counts loop
+  static constexpr int kMaxRowGroups = 65535;  // gridDim.z limit; larger row counts loop
+};
+
+// A row of kDv values over a warp: chunks of kVec consecutive floats, lane l holding chunk l
+// of every group of 32 (coalesced): d_v 512 four float4 per lane, 64 one float2.
+template <int kDv>
+struct CombineRow {
+  static constexpr int kVec = kDv >= 128 ? 4 : 2;
+  static constexpr int kChunks = kDv / (32 * kVec);  // per lane
+  static constexpr int kValuesPerLane = kDv / 32;
+  static_assert(kDv % (32 * kVec) == 0, "d_v: a multiple of 64");
 };
 
 __device__ __forceinline__ float warp_max(float x) {
@@ -39,10 +47,11 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-template <typename Elem>
+template <typename Elem, int kDv>
 __global__ void __launch_bounds__(CombineConfig::kThreads)
     mla_decode_combine_kernel(const __grid_constant__ CombineParams params) {
   using C = CombineConfig;
+  using R = CombineRow<kDv>;
   using Ops = device::ElemOps<Elem>;
   const AttentionCore& p = params.core;
   const SplitSchedule& schedule = params.schedule;
@@ -50,6 +59,7 @@ __global__ void __launch_bounds__(CombineConfig::kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int splits = schedule.split_prefix[seq + 1] - schedule.split_prefix[seq];
   if (splits == 1) return;
+  if (p.skip != nullptr && p.skip[seq / p.seq_divisor] != 0) return;  // left as it is
   const int slot0 = schedule.partial_prefix[seq];
 
   for (int row = blockIdx.z * C::kWarps + warp; row < p.rows; row += gridDim.z * C::kWarps) {
@@ -74,7 +84,7 @@ __global__ void __launch_bounds__(CombineConfig::kThreads)
     }
     sum = warp_sum(sum);
 
-    float acc[C::kValuesPerLane] = {};
+    float acc[R::kValuesPerLane] = {};
     const bool empty = max_lse == -INFINITY;  // also true for splits == 0
     if (!empty && !has_nan) {
       for (int s = 0; s < splits; ++s) {
@@ -82,14 +92,21 @@ __global__ void __launch_bounds__(CombineConfig::kThreads)
         if (!isfinite(v)) continue;
         const float w = exp2f(v - max_lse) / sum;
         const float* src =
-            schedule.partial_out + ((static_cast<int64_t>(slot0 + s) * p.h_kv + hk) * p.rows + row) * C::kDv;
+            schedule.partial_out + ((static_cast<int64_t>(slot0 + s) * p.h_kv + hk) * p.rows + row) * kDv;
 #pragma unroll
-        for (int i = 0; i < C::kValuesPerLane / 4; ++i) {
-          float4 x = *reinterpret_cast<const float4*>(src + 128 * i + 4 * lane);
-          acc[4 * i + 0] += w * x.x;
-          acc[4 * i + 1] += w * x.y;
-          acc[4 * i + 2] += w * x.z;
-          acc[4 * i + 3] += w * x.w;
+        for (int i = 0; i < R::kChunks; ++i) {
+          const float* chunk = src + 32 * R::kVec * i + R::kVec * lane;
+          if constexpr (R::kVec == 4) {
+            const float4 x = *reinterpret_cast<const float4*>(chunk);
+            acc[4 * i + 0] += w * x.x;
+            acc[4 * i + 1] += w * x.y;
+            acc[4 * i + 2] += w * x.z;
+            acc[4 * i + 3] += w * x.w;
+          } else {
+            const float2 x = *reinterpret_cast<const float2*>(chunk);
+            acc[2 * i + 0] += w * x.x;
+            acc[2 * i + 1] += w * x.y;
+          }
         }
       }
     }
@@ -98,13 +115,22 @@ __global__ void __launch_bounds__(CombineConfig::kThreads)
     const float lse = has_nan ? NAN : (empty ? INFINITY : (max_lse + log2f(sum)) * device::kLn2);
     const float sink = sink_factor(p, head, lse);
 #pragma unroll
-    for (int i = 0; i < C::kValuesPerLane / 4; ++i) {
-      float a0 = has_nan ? NAN : acc[4 * i] * sink, a1 = has_nan ? NAN : acc[4 * i + 1] * sink;
-      float a2 = has_nan ? NAN : acc[4 * i + 2] * sink, a3 = has_nan ? NAN : acc[4 * i + 3] * sink;
-      uint2 packed = make_uint2(Ops::pack(a0, a1), Ops::pack(a2, a3));
-      *reinterpret_cast<uint2*>(out + 128 * i + 4 * lane) = packed;
+    for (int i = 0; i < R::kChunks; ++i) {
+      uint32_t packed[R::kVec / 2];
+#pragma unroll
+      for (int v = 0; v < R::kVec; v += 2) {
+        const float a0 = has_nan ? NAN : acc[R::kVec * i + v] * sink;
+        const float a1 = has_nan ? NAN : acc[R::kVec * i + v + 1] * sink;
+        packed[v / 2] = Ops::pack(a0, a1);
+      }
+      Elem* chunk = out + 32 * R::kVec * i + R::kVec * lane;
+      if constexpr (R::kVec == 4) {
+        *reinterpret_cast<uint2*>(chunk) = make_uint2(packed[0], packed[1]);
+      } else {
+        *reinterpret_cast<uint32_t*>(chunk) = packed[0];
+      }
     }
-    if (lane == 0) {
+    if (lane == 0 && p.lse != nullptr) {
       p.lse[seq_offset(p, seq, p.lse_stride_b, p.lse_stride_s) + head * p.lse_stride_h + t * p.lse_stride_s] = lse;
     }
   }

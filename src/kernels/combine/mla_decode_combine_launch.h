@@ -10,8 +10,8 @@ namespace mlakit::detail {
 
 // Merges the partial results of split sequences and writes empty sequences (0, +inf);
 // launches nothing when params.schedule.no_splits (no split, no empty sequence). Elem:
-// __nv_bfloat16 or __half.
-template <typename Elem>
+// __nv_bfloat16 or __half; kDv: the value width, 512 (MLA) or the GQA head dim 64 / 128 / 256.
+template <typename Elem, int kDv = 512>
 cudaError_t launch_mla_decode_combine(const CombineParams& params, cudaStream_t stream);
 
 }  // namespace mlakit::detail

@@ -1,1 +1,6 @@
-// placeholder: filled by the GQA decode work (issue 25)
+// The GQA decode kernels for fp16 queries (every cache format and head dim).
+#include "kernels/gqa/gqa_decode_instances.cuh"
+
+namespace mlakit::detail {
+template cudaError_t launch_gqa_decode<__half>(const GqaDecodeParams&, GqaCacheFormat, cudaStream_t);
+}  // namespace mlakit::detail

@@ -1,0 +1,47 @@
+// Tiling of the GQA decode kernel (src/kernels/gqa/gqa_decode_kernel.cuh) as constexpr
+// functions of the cache element size and the head dim, shared by the kernel and the host
+// layout (src/host/gqa_decode_layout.cpp): the planner's row tiles, key blocks and CTAs per SM
+// must be the kernel's.
+//
+// A CTA holds 16 query rows (one mma.sync M tile) of one kv head and streams 64-key tiles of K
+// and V through a multi-stage cp.async pipeline; each of its 4 warps takes 16 keys of a tile.
+// Stages: as many as keep the CTA within 112 KB (2 to 4), so that two CTAs share an SM (227
+// KB) up to d = 128 and every SM keeps 64 KB or more of K/V loads in flight.
+#pragma once
+
+namespace mlakit::detail::gqa_tiling {
+
+inline constexpr int kRows = 16;        // query rows per CTA
+inline constexpr int kKeys = 64;        // keys per pipeline stage (= the planner's block_n)
+inline constexpr int kWarps = 4;
+inline constexpr int kThreads = kWarps * 32;
+inline constexpr int kKeysPerWarp = kKeys / kWarps;
+inline constexpr int kOverheadBlocks = 2;  // a segment's fixed cost (Q load, store, pipeline fill)
+inline constexpr int kSmemTargetBytes = 112 * 1024;
+
+// One cached row of d values, padded by 16 bytes (rows of a tile then start 16 bytes apart
+// modulo 128: conflict-free ldmatrix / 16-byte accesses).
+constexpr int raw_pitch(int cache_bytes, int d) { return d * cache_bytes + 16; }
+constexpr int elem_pitch(int d) { return d + 8; }  // 16-bit elements: Q, dequantized tiles
+constexpr int stage_bytes(int cache_bytes, int d) { return 2 * kKeys * raw_pitch(cache_bytes, d); }
+// Per stage: the K and V tiles and their 64 + 64 float scales.
+constexpr int stage_with_scales_bytes(int cache_bytes, int d) { return stage_bytes(cache_bytes, d) + 2 * kKeys * 4; }
+// The end-of-segment merge of the 4 warps' partial outputs (floats), aliased on the stages.
+constexpr int merge_bytes(int d) { return kWarps * kRows * d * 4; }
+// Quantized caches are dequantized per warp into 16-bit K and V tiles before the mma.
+constexpr int dequant_bytes(int cache_bytes, int d) {
+  return cache_bytes == 1 ? kWarps * 2 * kKeysPerWarp * elem_pitch(d) * 2 : 0;
+}
+// Everything but the stages: Q, the dequantized tiles, the warps' row maxima and sums.
+constexpr int fixed_bytes(int cache_bytes, int d) {
+  return kRows * elem_pitch(d) * 2 + dequant_bytes(cache_bytes, d) + 2 * kWarps * kRows * 4;
+}
+constexpr int stage_count(int cache_bytes, int d) {
+  const int n = (kSmemTargetBytes - fixed_bytes(cache_bytes, d)) / stage_with_scales_bytes(cache_bytes, d);
+  return n < 2 ? 2 : (n > 4 ? 4 : n);
+}
+constexpr int smem_bytes(int cache_bytes, int d) {
+  return stage_count(cache_bytes, d) * stage_with_scales_bytes(cache_bytes, d) + fixed_bytes(cache_bytes, d);
+}
+
+}  // namespace mlakit::detail::gqa_tiling
