@@ -1,8 +1,11 @@
 #include "reference/gqa_cache_ref.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "common/gqa_cache_quant.h"
+#include "common/rotary.h"
 #include "reference/host_numeric.h"
 
 namespace mlakit::reference {
@@ -37,6 +40,27 @@ float store_cache_row(const float* x, int d, DType dtype, bool per_tensor, float
   const float scale = per_tensor ? tensor_scale : detail::fp8_row_scale(amax);
   for (int c = 0; c < d; ++c) host::store_as<uint8_t>(values, index + c, detail::fp8_quantize(x[c], scale));
   return per_tensor ? 0.0f : scale;
+}
+
+void rotate_row_float(float* x, const RowRope& rope, int64_t pos) {
+  if (rope.style == RopeStyle::kNone || rope.rotary_dim == 0) return;
+  const int style = static_cast<int>(rope.style);
+  std::vector<float> rotated(rope.rotary_dim);
+  for (int e = 0; e < rope.rotary_dim; ++e) {
+    const detail::RopePair p = detail::rope_pair(e, style, rope.rotary_dim);
+    float cs, sn;
+    detail::rope_cos_sin(pos, p.c, rope.rotary_dim, rope.log_theta, &cs, &sn);
+    rotated[e] = detail::rope_rotate(x[e], x[p.partner], cs, sn, p.first);
+  }
+  std::copy(rotated.begin(), rotated.end(), x);
+}
+
+float append_cache_row(const void* src, int64_t src_index, DType src_dtype, int d, const RowRope& rope, int64_t pos,
+                       DType dtype, bool per_tensor, float tensor_scale, void* values, int64_t index) {
+  std::vector<float> x(d);
+  for (int c = 0; c < d; ++c) x[c] = host::load_half(src, src_index + c, src_dtype);
+  rotate_row_float(x.data(), rope, pos);
+  return store_cache_row(x.data(), d, dtype, per_tensor, tensor_scale, values, index);
 }
 
 double load_cache_value(const void* values, int64_t index, DType dtype) {

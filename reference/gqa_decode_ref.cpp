@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/rotary.h"
 #include "host/check.h"
 #include "host/gqa_decode_validate.h"
 #include "host/mla_decode_validate.h"
@@ -68,10 +69,13 @@ struct Cache {
     const int64_t base = row(block, slot_row, hk);
     for (int c = 0; c < d; ++c) dst[c] = load_cache_value(values.data, base + c, values.dtype) * s;
   }
-  void store(int64_t block, int64_t slot_row, int hk, const float* x, int d) const {
+  // Appends row src[src_index, + d) (rotated by `rope` at `pos`) as the GPU does.
+  void append(int64_t block, int64_t slot_row, int hk, const TensorRef& src, int64_t src_index, int d,
+              const RowRope& rope, int64_t pos) const {
     const bool per_tensor = layout == GqaScaleLayout::kPerTensor;
     const float tensor_scale = per_tensor ? host::load_as<float>(scale.data, 0) : 0.0f;
-    const float s = store_cache_row(x, d, values.dtype, per_tensor, tensor_scale, values.data, row(block, slot_row, hk));
+    const float s = append_cache_row(src.data, src_index, src.dtype, d, rope, pos, values.dtype, per_tensor,
+                                     tensor_scale, values.data, row(block, slot_row, hk));
     if (layout == GqaScaleLayout::kPerToken) host::store_as<float>(scale.data, scale_at(block, slot_row, hk), s);
   }
 };
@@ -131,27 +135,22 @@ Status check_data(const Context& c) {
   return Status::ok();
 }
 
-// Writes entry i's s_q new tokens: k rotated at its position (float64, then float), both
-// quantized to the cache's format.
+// Writes entry i's s_q new tokens as the GPU's append does (append_cache_row): k rotated at
+// its position in float by the shared rotary code (common/rotary.h), both quantized to the
+// cache's format. (q is rotated in float64, apply_rope: it is never stored.)
 void append_sequence(const Context& c, int64_t i) {
   const GqaDecodeArgs& a = c.a;
   const GqaDecodeShape& p = c.p;
   const int64_t L = c.length(i);
-  std::vector<double> row(p.d);
-  std::vector<float> x(p.d);
+  const RowRope k_rope{a.rope.style, p.rotary_dim, detail::rope_log_theta(a.rope.theta)};
   for (int t = 0; t < p.s_q; ++t) {
     const int64_t pos = L - p.s_q + t, block = c.block(i, pos / p.page_size), slot_row = pos % p.page_size;
     if (block < 0) continue;  // never dereferenced; the rows that read it are NaN rows
     for (int hk = 0; hk < p.h_kv; ++hk) {
       const int64_t k_base = i * a.k_new.stride[0] + t * a.k_new.stride[1] + hk * a.k_new.stride[2];
-      for (int d = 0; d < p.d; ++d) row[d] = host::load_half(a.k_new.data, k_base + d, a.q.dtype);
-      apply_rope(row.data(), a.rope.style, a.rope.theta, p.rotary_dim, static_cast<double>(pos));
-      for (int d = 0; d < p.d; ++d) x[d] = static_cast<float>(row[d]);
-      c.k.store(block, slot_row, hk, x.data(), p.d);
-
+      c.k.append(block, slot_row, hk, a.k_new, k_base, p.d, k_rope, pos);
       const int64_t v_base = i * a.v_new.stride[0] + t * a.v_new.stride[1] + hk * a.v_new.stride[2];
-      for (int d = 0; d < p.d; ++d) x[d] = host::load_half(a.v_new.data, v_base + d, a.q.dtype);
-      c.v.store(block, slot_row, hk, x.data(), p.d);
+      c.v.append(block, slot_row, hk, a.v_new, v_base, p.d, RowRope{}, pos);
     }
   }
 }

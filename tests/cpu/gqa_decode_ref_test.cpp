@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/fp8_e4m3.h"
+#include "common/rotary.h"
 #include "cpu_test_util.h"
 #include "gqa_case.h"
 #include "mlakit/gqa_decode.h"
@@ -107,9 +108,26 @@ TEST(GqaDecodeRef, RoundsOutToQsDtype) {
   for (std::size_t e = 0; e < out16.size(); ++e) ASSERT_EQ(out16[e], host::float_to_bf16(c.out[e])) << e;
 }
 
-// (c) The append: each new token's rows land at position L - s_q + t of its entry, k rotated,
-// both quantized with the header's rule (written out here); every other byte is untouched.
-// The attention then reads what was written.
+// The key rotation the GPU append computes (common/rotary.h: float cos / sin of the float64
+// angle, each value x cos -+ partner sin with the partner's product rounded first), written
+// out from the primitives; the stored bytes are checked against it, and it against the
+// float64 rotation.
+std::vector<float> shared_float_rope(const std::vector<double>& row, const RotaryEmbedding& rope, int64_t pos) {
+  std::vector<float> x(row.begin(), row.end()), y = x;
+  const int rd = rope.rotary_dim ? rope.rotary_dim : static_cast<int>(row.size());
+  for (int e = 0; e < rd; ++e) {
+    const detail::RopePair p = detail::rope_pair(e, static_cast<int>(rope.style), rd);
+    float cs, sn;
+    detail::rope_cos_sin(pos, p.c, rd, std::log(rope.theta), &cs, &sn);
+    y[e] = detail::rope_rotate(x[e], x[p.partner], cs, sn, p.first);
+  }
+  return y;
+}
+
+// (c) The append: each new token's rows land at position L - s_q + t of its entry, k rotated
+// (in float as the GPU does, within 1e-6 of the float64 rotation), both quantized with the
+// header's rule (written out here); every other byte is untouched. The attention then reads
+// what was written.
 void check_append(DType dtype, GqaScaleLayout scales) {
   SCOPED_TRACE(dtype_name(dtype));
   GqaCase c({.s_q = 3, .h_q = 4, .h_kv = 2, .cache = dtype, .scales = scales, .append = true, .seed = 21});
@@ -131,16 +149,21 @@ void check_append(DType dtype, GqaScaleLayout scales) {
           const std::vector<uint16_t>& src = is_k ? c.k_new : c.v_new;
           std::vector<double> row(c.s.d);
           for (int d = 0; d < c.s.d; ++d) row[d] = host::bf16_to_float(src[((i * c.s.s_q + t) * c.s.h_kv + hk) * c.s.d + d]);
-          if (is_k) testing::naive_rope(row, c.args.rope, static_cast<double>(pos));
+          std::vector<float> xs(row.begin(), row.end());
+          if (is_k) {
+            xs = shared_float_rope(row, c.args.rope, pos);
+            testing::naive_rope(row, c.args.rope, static_cast<double>(pos));
+            for (int d = 0; d < c.s.d; ++d) ASSERT_NEAR(xs[d], row[d], 1e-6 * (1 + std::fabs(row[d]))) << "col " << d;
+          }
           float amax = 0;
-          for (double x : row) amax = std::max(amax, std::fabs(static_cast<float>(x)));
+          for (float x : xs) amax = std::max(amax, std::fabs(x));
           const float per_token = dtype == DType::kInt8 ? amax / 127.f : amax / 448.f;
           const float scale = scales == GqaScaleLayout::kPerTensor ? (is_k ? c.ks : c.vs)[0] : per_token;
           if (scales == GqaScaleLayout::kPerToken) ASSERT_EQ((is_k ? c.ks : c.vs)[slot], per_token);
           if (i == 0 && t == 0 && hk == 0 && is_k) ASSERT_EQ(per_token, 0.f);
           const std::vector<uint8_t>& cache = is_k ? c.kc : c.vc;
           for (int d = 0; d < c.s.d; ++d) {
-            const float x = static_cast<float>(row[d]);
+            const float x = xs[d];
             const int64_t e = slot * c.s.d + d;
             if (dtype == DType::kBF16) {
               ASSERT_EQ(host::load_as<uint16_t>(cache.data(), e), host::float_to_bf16(x));
