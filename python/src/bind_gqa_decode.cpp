@@ -122,7 +122,10 @@ GqaCacheAppendArgs append_args(const Array& k_new, const Array& v_new, const Arr
   return a;
 }
 
-// The keyword arguments shared by gqa_decode and gqa_decode_reference, after the arrays.
+// The arguments of gqa_decode / gqa_decode_reference and of the two appends. Arrays the call
+// may write but that can also be only read (the caches and scales: written by an append, a
+// per-tensor scale only read) are taken as read-only views; the Python layer checks that they
+// are writable where they are written.
 #define MLAKIT_GQA_DECODE_ARGS                                                                                   \
   nb::arg("q"), nb::arg("k_cache"), nb::arg("k_scale").none(), nb::arg("v_cache"), nb::arg("v_scale").none(),    \
       nb::arg("block_table"), nb::arg("cache_seqlens"), nb::arg("k_new").none(), nb::arg("v_new").none(),        \
@@ -236,7 +239,7 @@ void bind_gqa_decode(nb::module_& m) {
       "bytes) with dst_scale: [num_blocks, page_size, h_kv] float32 (written) or [1] float32 (fp8, read).";
   m.def(
       "quantize_gqa_cache",
-      [](Array src, MutArray dst_values, MutArray dst_scale, uintptr_t stream) {
+      [](Array src, MutArray dst_values, Array dst_scale, uintptr_t stream) {
         raise_if_error(quantize_gqa_cache(
             to_ref(src, "src"), GqaPagedCache{cache_ref(dst_values, "values"), to_ref(dst_scale, "scale")},
             to_stream(stream)));
@@ -244,7 +247,7 @@ void bind_gqa_decode(nb::module_& m) {
       nb::arg("src"), nb::arg("dst_values"), nb::arg("dst_scale"), nb::arg("stream") = 0, quantize_doc);
   m.def(
       "quantize_gqa_cache_reference",
-      [](Array src, MutArray dst_values, MutArray dst_scale) {
+      [](Array src, MutArray dst_values, Array dst_scale) {
         const TensorRef s = to_ref(src, "src");
         const GqaPagedCache dst{cache_ref(dst_values, "values"), to_ref(dst_scale, "scale")};
         raise_if_error(released([&] { return reference::quantize_gqa_cache(s, dst); }));
