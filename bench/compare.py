@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side benchmark: mlakit against FlashMLA (and PyTorch SDPA where a case family names
-it) on identical tensors, in one run, on the GPU machine. docs/benchmarking.md explains the
-figures.
+it: the GQA decode) on identical tensors, in one run, on the GPU machine. docs/benchmarking.md
+explains the figures.
 
   python3 bench/compare.py [options]          run (GPU): table, JSON lines, chart
   python3 bench/compare.py chart [JSONL...]   redraw the PNG of each JSONL (no GPU needed)
@@ -142,6 +142,7 @@ def cmd_run(argv) -> int:
     records = []
     for i, case in enumerate(chosen):
         rec = runner.run_case(case, handles, opts, measure)
+        report.add_ceiling_fractions(rec, header["ceilings"])
         records.append(rec)
         print(f"[{i + 1}/{len(chosen)}] {report.progress(rec)}", flush=True)
     path = report.jsonl_path(opts.out_dir, identity["gpu"])

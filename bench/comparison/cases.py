@@ -3,9 +3,9 @@
 A family is one operation and the sides it is timed on. The first side named is the
 baseline of the ratio, `subject` the side the ratio is about: ratio = t_baseline / t_subject
 (> 1: the subject is faster). A family whose operation mlakit does not have yet names no
-mlakit side; later operations (MHA prefill, GQA decode) add a family here, a generator in
-data.py and a reference in reference.py, and name their sides (e.g. sdpa_cudnn, sdpa_flash,
-mlakit).
+mlakit side; a new operation adds a family here, a generator in data.py and a reference in
+reference.py, and names its sides (the GQA decode: PyTorch SDPA on cuDNN against mlakit; the
+MHA prefill, later, likewise).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ FAMILIES: Dict[str, Family] = {
         Family("dense_decode", "dense MLA decode", ("flashmla", "mlakit"), "mlakit", True),
         Family("sparse_decode", "sparse FP8 MLA decode", ("flashmla", "mlakit"), "mlakit", True),
         Family("sparse_prefill", "sparse MLA prefill", ("flashmla", "mlakit"), "mlakit", True),
+        # The GQA decode over a paged cache against PyTorch SDPA (cuDNN backend forced,
+        # enable_gqa) over a contiguous cache holding the same values.
+        Family("gqa", "GQA decode (paged bf16 / int8 / fp8 cache)", ("sdpa_cudnn", "mlakit"), "mlakit", True),
         # Not an mlakit operation: cuDNN against PyTorch's flash backend on the brief's cuDNN
         # shapes. It keeps the SDPA sides exercised (and gives cuDNN's figures of the same run)
         # until the MHA prefill / GQA decode families name them.
@@ -73,6 +76,17 @@ def _sparse_prefill(s_kv: int, near_end: bool, quick: bool = False) -> Case:
     return Case(name, "sparse_prefill", params, quick)
 
 
+def _gqa(b: int, s_k: int, cache: str = "bf16", append: bool = False, quick: bool = False) -> Case:
+    """q [b, 1, 32, 128] over K/V of 8 kv heads and s_k tokens per sequence (every sequence
+    full: SDPA's contiguous cache has no lengths), paged (page 64, shuffled block table) for
+    mlakit. cache: bf16, or int8 / fp8 with one scale per (token, kv head). append: this
+    step's k_new / v_new written at position s_k - 1 with NeoX RoPE (q rotated too), fused in
+    mlakit's call, done with PyTorch ops before SDPA on its side."""
+    params = dict(b=b, s_q=1, h_q=32, h_kv=8, s_k=s_k, d=128, page=64, cache=cache, append=append)
+    name = f"gqa_b{b}_hq32_hkv8_sk{s_k}_d128_{cache}" + ("_append_rope" if append else "")
+    return Case(name, "gqa", params, quick)
+
+
 def _sdpa_mha(causal: bool) -> Case:
     params = dict(b=4, h=32, s=4096, d=128, causal=causal)
     return Case("sdpa_mha_b4_h32_s4096_d128" + ("_causal" if causal else ""), "sdpa_mha", params, not causal)
@@ -92,6 +106,8 @@ def all_cases() -> List[Case]:
     for near_end in (True, False):
         for s_kv in (8192, 32768, 131072):
             cases.append(_sparse_prefill(s_kv, near_end, quick=(s_kv, near_end) == (8192, False)))
+    cases += [_gqa(64, 4096, "bf16", quick=True), _gqa(64, 4096, "int8"), _gqa(64, 4096, "fp8"),
+              _gqa(64, 4096, "bf16", append=True), _gqa(1, 131072, "bf16")]
     cases += [_sdpa_mha(False), _sdpa_mha(True)]
     return cases
 

@@ -9,6 +9,10 @@ case and handed to every side unchanged.
   NaN as e4m3, float32 and bf16) in every token no index lists.
 - Sparse prefill: topk distinct rows per query token, uniform over s_kv or 90% of them in the
   last `window` rows, in random order.
+- GQA decode: every sequence holds s_k tokens (SDPA's contiguous cache has no lengths); K and
+  V [b, h_kv, s_k, d] bf16 for SDPA, the same values paged [num_blocks, 64, h_kv, d] through a
+  shuffled block table for mlakit. int8 / fp8 caches: quantized per (token, kv head) by the
+  contract's rules (written here in PyTorch), SDPA's cache holding the dequantized values.
 q ~ N(0, 1); the decode caches ~ N(0, 1) / 10 clamped to [-1, 1] (FlashMLA's decode tests, and
 the scale the contract's absolute tolerance (docs/contract.md) is meant for: with N(0, 1) cache values the bf16
 rounding of P alone moves outputs of the shortest sequences by ~1e-2 in both libraries);
@@ -188,6 +192,83 @@ def sparse_prefill(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs
     return Inputs(tensors, info)
 
 
+INT8_MAX = 127.0
+ROPE_THETA = 10000.0
+
+
+def quantize_rows(x: torch.Tensor, kind: str):
+    """Rows [..., d] -> (values int8 / float8_e4m3fn, scale [...] float32) by docs/contract.md
+    (GQA decode): scale = max|x| / 127 (int8, rounded to nearest even) or / 448 (fp8,
+    saturating); an all-zero row has scale 0 and stores zeros."""
+    x = x.float()
+    scale = x.abs().amax(-1) / (INT8_MAX if kind == "int8" else E4M3_MAX)
+    y = torch.where(scale[..., None] > 0, x / scale[..., None], torch.zeros_like(x))
+    if kind == "int8":
+        return torch.round(y).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+    return y.clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def dequantize_rows(values: torch.Tensor, scale: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """stored * scale in `dtype` (float64: exact)."""
+    return values.to(dtype) * scale.to(dtype)[..., None]
+
+
+def rope_neox(x: torch.Tensor, pos: int, theta: float = ROPE_THETA) -> torch.Tensor:
+    """NeoX rotary embedding of x [..., d] at position `pos`, computed in x's dtype (float32
+    or float64): pairs (c, c + d/2), angle pos * theta^(-2c/d)."""
+    d = x.shape[-1]
+    c = torch.arange(d // 2, dtype=torch.float64, device=x.device)
+    angle = pos * theta ** (-2.0 * c / d)
+    cos, sin = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)
+    a, b = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
+def gqa(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
+    host, dev = _generators(seed, device)
+    b, s_q, h_q, h_kv, s_k, d, page = p["b"], p["s_q"], p["h_q"], p["h_kv"], p["s_k"], p["d"], p["page"]
+    blocks = math.ceil(s_k / page)
+    table = _shuffled_block_table(b, blocks, host).to(device)
+    slots = table.flatten().long()
+
+    def paged(x: torch.Tensor) -> torch.Tensor:  # [b, h_kv, s_k, d] -> [b * blocks, page, h_kv, d]
+        out = torch.empty((b * blocks, page, h_kv, d), dtype=x.dtype, device=device)
+        out[slots] = x.view(b, h_kv, blocks, page, d).permute(0, 2, 3, 1, 4).reshape(b * blocks, page, h_kv, d)
+        return out
+
+    def unpaged(x: torch.Tensor) -> torch.Tensor:  # the inverse
+        return x[slots].view(b, blocks, page, h_kv, d).permute(0, 3, 1, 2, 4).reshape(b, h_kv, s_k, d).contiguous()
+
+    tensors: Dict[str, Any] = dict(cache_seqlens=torch.full((b,), s_k, dtype=torch.int32, device=device),
+                                   block_table=table, k_scale=None, v_scale=None, k_new=None, v_new=None)
+    for name in ("k", "v"):
+        contiguous = _cache_values((b, h_kv, s_k, d), device, dev)
+        values = paged(contiguous)
+        if p["cache"] != "bf16":
+            values, scale = quantize_rows(values, p["cache"])
+            tensors[f"{name}_scale"] = scale
+            contiguous = unpaged(dequantize_rows(values, scale, torch.float32).to(torch.bfloat16))
+        tensors[f"{name}_cache"] = values
+        tensors[f"{name}_sdpa"] = contiguous  # [b, h_kv, s_k, d]
+    tensors["q"] = _normal((b, s_q, h_q, d), torch.bfloat16, device, dev)
+    if p["append"]:
+        tensors["k_new"] = _cache_values((b, s_q, h_kv, d), device, dev)
+        tensors["v_new"] = _cache_values((b, s_q, h_kv, d), device, dev)
+    value_bytes = tensors["k_cache"].element_size()
+    kv_bytes = 2.0 * b * h_kv * s_k * d
+    side_bytes = dict(sdpa_cudnn=kv_bytes * 2, sdpa_flash=kv_bytes * 2,
+                      mlakit=kv_bytes * value_bytes + (2.0 * b * s_k * h_kv * 4 if p["cache"] != "bf16" else 0.0))
+    info = dict(
+        seed=seed,
+        mean_s_k=float(s_k),
+        flops=4.0 * b * s_q * h_q * s_k * d,
+        bytes=side_bytes["mlakit"],  # K + V (+ scales) read; side_bytes per side
+        side_bytes=side_bytes,
+        tokens=float(b * s_q),
+    )
+    return Inputs(tensors, info)
+
+
 def sdpa_mha(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
     _, dev = _generators(seed, device)
     b, h, s, d = p["b"], p["h"], p["s"], p["d"]
@@ -201,5 +282,6 @@ _GENERATORS = {
     "dense_decode": dense_decode,
     "sparse_decode": sparse_decode,
     "sparse_prefill": sparse_prefill,
+    "gqa": gqa,
     "sdpa_mha": sdpa_mha,
 }

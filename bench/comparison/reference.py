@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from .data import D_QK, D_V, Inputs, dequantize_fp8
+from .data import D_QK, D_V, Inputs, dequantize_fp8, dequantize_rows, rope_neox
 
 OUT_ABS, OUT_REL, OUT_COS = 1e-3, 2 / 128, 5e-6  # docs/contract.md, Accuracy: bf16/fp16 outputs
 STAT_ABS, STAT_REL = 1e-6, 8 / 65536  # docs/contract.md, Accuracy: lse and max_logits
@@ -89,6 +89,39 @@ def sparse_prefill(x: Inputs) -> Dict[str, Any]:
     return dict(index=("token", rows), out=torch.stack(outs), lse=torch.stack(lses), max_logits=torch.stack(maxes))
 
 
+def gqa(x: Inputs) -> Dict[str, Any]:
+    """Float64 attention over the dequantized paged cache (stored * scale, exact), with this
+    step's k_new / v_new at position s_k - 1 and q and k_new rotated (NeoX) when appended."""
+    t = x.tensors
+    q, table, lengths = t["q"], t["block_table"], t["cache_seqlens"].cpu()
+    b, s_q, h_q, d = q.shape
+    page, h_kv = t["k_cache"].shape[1], t["k_cache"].shape[2]
+    group = h_q // h_kv
+    rows = _pick(b, SAMPLE, x.info["seed"], [0, b - 1])
+    outs = []
+    for i in rows:
+        length = int(lengths[i])
+        blocks = table[i, : math.ceil(length / page)].long()
+
+        def rows_of(name: str) -> torch.Tensor:  # [h_kv, length, d] float64
+            values, scale = t[f"{name}_cache"][blocks], t[f"{name}_scale"]
+            full = values.double() if scale is None else dequantize_rows(values, scale[blocks])
+            return full.reshape(-1, h_kv, d)[:length].permute(1, 0, 2).clone()
+
+        keys, values = rows_of("k"), rows_of("v")
+        qi = q[i].double()  # [s_q, h_q, d]
+        if t["k_new"] is not None:
+            for tok in range(s_q):
+                pos = length - s_q + tok
+                qi[tok] = rope_neox(qi[tok], pos)
+                keys[:, pos] = rope_neox(t["k_new"][i, tok].double(), pos)
+                values[:, pos] = t["v_new"][i, tok].double()
+        qi = qi.view(s_q, h_kv, group, d).permute(1, 0, 2, 3).reshape(h_kv, s_q * group, d)
+        out, _, _ = _attend(qi, keys, values, d**-0.5)
+        outs.append(out.view(h_kv, s_q, group, d).permute(1, 0, 2, 3).reshape(s_q, h_q, d))
+    return dict(index=("batch", rows), out=torch.stack(outs))
+
+
 def sdpa_mha(x: Inputs) -> Dict[str, Any]:
     t = x.tensors
     q, k, v = t["q"], t["k"], t["v"]
@@ -106,6 +139,7 @@ REFERENCES = {
     "dense_decode": dense_decode,
     "sparse_decode": sparse_decode,
     "sparse_prefill": sparse_prefill,
+    "gqa": gqa,
     "sdpa_mha": sdpa_mha,
 }
 

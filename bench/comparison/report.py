@@ -57,6 +57,27 @@ def read(path: str) -> List[Dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def add_ceiling_fractions(rec: Dict[str, Any], ceilings: Dict[str, Any]) -> None:
+    """Each timed side's GB/s as a fraction of the run's copy ceiling (`copy_fraction`): how
+    close a memory-bound operation comes to the bandwidth a plain copy gets."""
+    copy = (ceilings or {}).get("copy_gbps")
+    for side in rec.get("sides", {}).values():
+        if copy and side.get("gbps") is not None:
+            side["copy_fraction"] = side["gbps"] / copy
+
+
+def bandwidth_line(rec: Dict[str, Any]) -> Optional[str]:
+    """'GB/s ... tokens/s ...' per side, for the cases that count tokens (the GQA decode)."""
+    parts = []
+    for name, side in rec.get("sides", {}).items():
+        if side.get("gbps") is None or side.get("tokens_per_s") is None:
+            continue
+        ceiling = f", {side['copy_fraction']:.2f} of copy" if side.get("copy_fraction") is not None else ""
+        parts.append(f"{SIDE_LABELS.get(name, name)} {side['gbps']:.0f} GB/s{ceiling}, "
+                     f"{side['tokens_per_s'] / 1e6:.3g}M tokens/s")
+    return "    " + "; ".join(parts) if parts else None
+
+
 def _us(value: Optional[float]) -> str:
     return "-" if value is None else (f"{value:.1f}" if value < 1000 else f"{value:.0f}")
 
@@ -103,6 +124,9 @@ def table(header: Dict[str, Any], records: List[Dict[str, Any]]) -> str:
         times = f"{_side_cell(rec, base, 'sustained_us', _us):>8s} {_side_cell(rec, subj, 'sustained_us', _us):>8s}"
         ratios = " ".join(f"{_x(rec.get(k)):>6s}" for k in ("ratio", "ratio_idle", "ratio_kernel"))
         lines.append(f"{rec['case']:54s} {SIDE_LABELS.get(base, base):>9s} {times} {ratios} {main:>15s} {mhz:>10s}")
+        extra = bandwidth_line(rec)
+        if extra:
+            lines.append(extra)
         for name, side in rec["sides"].items():
             check = side.get("check", {})
             if not check.get("ok", False):

@@ -103,7 +103,10 @@ def _summarise(side: Dict[str, Any], runner: Any, x: data.Inputs, measure: Any, 
     side["mhz"] = _median([r["mhz_during"] or r["mhz_after"] for r in rounds])
     seconds = side["sustained_us"] * 1e-6
     side["tflops"] = x.info["flops"] / seconds / 1e12
-    side["gbps"] = x.info["bytes"] / seconds / 1e9
+    # Bytes this side reads (a quantized cache's side reads fewer than SDPA's bf16 copy).
+    side["gbps"] = x.info.get("side_bytes", {}).get(runner.side, x.info["bytes"]) / seconds / 1e9
+    if "tokens" in x.info:
+        side["tokens_per_s"] = x.info["tokens"] / seconds
     names = sorted({n for r in rounds if "kernel_us" in r for n in r["kernel_us"].pop("raw_names")})
     side["kernel_raw_names"] = names  # once per side: templated names are long
     side["host_us"] = measure.host(runner.call)
@@ -141,12 +144,13 @@ def run_case(case: Case, handles: Dict[str, Any], opts: Any, measure: Any, devic
     rec: Dict[str, Any] = dict(
         case=case.name, family=case.family, op=family.label, params=dict(case.params),
         baseline=family.baseline, subject=family.subject, sides={},
-        schedule=SCHEDULE_NOTE if case.family.endswith("_decode") else "none",
+        schedule=SCHEDULE_NOTE if case.family.endswith("_decode") or case.family == "gqa" else "none",
     )
     x = None
     try:
         x = data.generate(case, opts.seed, device)
-        rec.update({k: x.info[k] for k in ("seed", "mean_s_k", "flops", "bytes")})
+        rec.update({k: x.info[k] for k in ("seed", "mean_s_k", "flops", "bytes", "side_bytes", "tokens")
+                    if k in x.info})
         runners = _check_sides(case, handles, x, measure, opts, rec)
         gc.collect()  # the checked outputs and the reference
         order = [name for name in family.sides if name in runners]

@@ -34,14 +34,18 @@ DENSE = _case("dense_decode", b=4, s_q=2, h_q=16, h_kv=1, s_k=200, page=64, caus
 SPARSE = _case("sparse_decode", b=2, s_q=2, h_q=16, topk=64, s_k=512, page=64)
 PREFILL = _case("sparse_prefill", s_q=48, h_q=16, topk=64, s_kv=1024, indices="near_end", window=200)
 SDPA = _case("sdpa_mha", b=1, h=2, s=64, d=32, causal=True)
+GQA = {cache + ("_append" if append else ""): _case("gqa", b=3, s_q=1, h_q=8, h_kv=2, s_k=192, d=64, page=64,
+                                                     cache=cache, append=append)
+       for cache, append in (("bf16", False), ("int8", False), ("fp8", False), ("bf16", True))}
 
 
 def test_case_table() -> None:
     table = cases.all_cases()
     default = cases.select(table)
-    expect(len(default) == 24, f"24 benchmark cases (docs/benchmarking.md) by default (got {len(default)})")
+    expect(len(default) == 29, f"29 benchmark cases (docs/benchmarking.md) by default (got {len(default)})")
     expect(len({c.name for c in table}) == len(table), "case names unique")
-    expect(len(cases.select(table, quick=True)) == 4, "--quick: 4 cases")
+    expect(len(cases.select(table, quick=True)) == 5, "--quick: 5 cases")
+    expect(len(cases.select(table, ["gqa"])) == 5, "--families gqa: 5 cases")
     expect([c.name for c in cases.select(table, pattern="sk32768_causal")] == ["dense_b128_hq128_sq2_sk32768_causal"],
            "--filter by regex")
     expect(len(cases.select(table, ["sdpa_mha"])) == 2, "--families sdpa_mha: 2 cases")
@@ -91,6 +95,39 @@ def test_prefill_data() -> None:
     expect(bool((near == round(0.9 * 64)).all()), "prefill: 90% of the indices in the last window")
 
 
+def test_gqa_data() -> None:
+    for name, case in GQA.items():
+        x = data.generate(case, 3, "cpu")
+        t = x.tensors
+        table, b, s_k = t["block_table"].long(), 3, 192
+        expect(sorted(table.flatten().tolist()) == list(range(table.numel())), f"gqa {name}: block table a permutation")
+        same = True
+        for which in ("k", "v"):
+            paged = t[f"{which}_cache"]
+            scale = t[f"{which}_scale"]
+            values = paged.double() if scale is None else data.dequantize_rows(paged, scale)
+            # position p of sequence i, kv head h: block table[i, p // 64], row p % 64
+            gathered = values[table].reshape(b, s_k, 2, 64).permute(0, 2, 1, 3)
+            sdpa = t[f"{which}_sdpa"].double()
+            tol = 0 if scale is None else 2**-8
+            same &= bool(((gathered - sdpa).abs() <= tol * gathered.abs()).all())
+        expect(same, f"gqa {name}: the paged cache and SDPA's contiguous one hold the same values")
+        if name == "int8":
+            k = t["k_cache"].double()
+            expect(bool((k.abs() <= 127).all()) and bool((k.abs().amax(-1) == 127).all()),
+                   "gqa int8: per-row max quantizes to 127")
+    kv = torch.randn(16, 64).to(torch.bfloat16)
+    for kind, bound in (("int8", 1 / 127), ("fp8", 1 / 8)):
+        values, scale = data.quantize_rows(kv, kind)
+        err = (data.dequantize_rows(values, scale) - kv.double()).abs().max() / kv.double().abs().max()
+        expect(float(err) <= bound, f"gqa {kind} quantize round trip (rel err {float(err):.3g})")
+    x = torch.randn(4, 64, dtype=torch.float64)
+    back = data.rope_neox(data.rope_neox(x, 77), -77)
+    norm_kept = torch.allclose(data.rope_neox(x, 77).norm(dim=-1), x.norm(dim=-1))
+    expect(torch.equal(data.rope_neox(x, 0), x) and bool(torch.allclose(back, x)) and bool(norm_kept),
+           "rope: identity at position 0, a rotation (norm kept, undone at -pos)")
+
+
 def _mlakit():
     try:
         return importlib.import_module("mlakit.flash_mla")
@@ -100,7 +137,7 @@ def _mlakit():
 
 
 def test_references(api) -> None:
-    for case in (DENSE, SPARSE, PREFILL):
+    for case in (DENSE, SPARSE, PREFILL, *GQA.values()):
         x = data.generate(case, 5, "cpu")
         ref = reference.REFERENCES[case.family](x)
         if api is None:
@@ -110,11 +147,12 @@ def test_references(api) -> None:
         got = r.outputs(r.call())
         result = reference.check(case.family, got, ref)
         bases = {k: v.get("base") for k, v in result.items() if isinstance(v, dict) and "base" in v}
-        expect(result["ok"], f"{case.family}: mlakit's CPU reference passes the check against ours {bases}")
+        expect(result["ok"], f"{case.name}: mlakit's CPU reference passes the check against ours {bases}")
         bad = dict(got, out=got["out"] + 0.05)
-        expect(not reference.check(case.family, bad, ref)["ok"], f"{case.family}: a perturbed out fails the check")
-        bad = dict(got, lse=got["lse"] + 1e-3)
-        expect(not reference.check(case.family, bad, ref)["ok"], f"{case.family}: a perturbed lse fails the check")
+        expect(not reference.check(case.family, bad, ref)["ok"], f"{case.name}: a perturbed out fails the check")
+        if "lse" in got:
+            bad = dict(got, lse=got["lse"] + 1e-3)
+            expect(not reference.check(case.family, bad, ref)["ok"], f"{case.family}: a perturbed lse fails the check")
         if case.family == "sparse_decode":
             from mlakit import dequantize_fp8_cache
 
@@ -132,6 +170,12 @@ def test_sdpa_side() -> None:
     r = sides.sdpa_runner("sdpa_math", SDPBackend.MATH, "sdpa_mha", x)
     result = reference.check("sdpa_mha", r.outputs(r.call()), reference.sdpa_mha(x))
     expect(result["ok"], f"SDPA side (math backend) passes the check {result['out']}")
+    for name, case in GQA.items():
+        x = data.generate(case, 5, "cpu")
+        r = sides.runner("sdpa_math", SDPBackend.MATH, "gqa", x)
+        r.call()
+        result = reference.check("gqa", r.outputs(r.call()), reference.gqa(x))
+        expect(result["ok"], f"gqa {name}: SDPA side (math backend, enable_gqa) passes the check {result['out']}")
 
 
 def test_kernel_names() -> None:
@@ -185,7 +229,15 @@ def test_run_loop(api) -> None:
     plan = [(SDPA, {"sdpa_cudnn": SDPBackend.MATH, "sdpa_flash": SDPBackend.MATH})]
     if api is not None:
         plan += [(c, {"flashmla": api, "mlakit": api}) for c in (DENSE, SPARSE, PREFILL)]
+        plan += [(c, {"sdpa_cudnn": SDPBackend.MATH, "mlakit": api}) for c in (GQA["int8"], GQA["bf16_append"])]
     records = [runner.run_case(case, handles, opts, WallMeasure(), "cpu") for case, handles in plan]
+    for rec in records:
+        report.add_ceiling_fractions(rec, {"copy_gbps": 100.0})
+    counted = [r for r in records if r["family"] == "gqa"]
+    expect(all(report.bandwidth_line(r) and all("copy_fraction" in s and "tokens_per_s" in s
+                                                 for s in r["sides"].values()) for r in counted)
+           and len(counted) == (2 if api is not None else 0),
+           f"gqa: GB/s, tokens/s and the fraction of the copy ceiling per side ({len(counted)} cases)")
     for rec in records:
         sides_ok = all(s["check"]["ok"] and len(s["rounds"]) == 2 for s in rec["sides"].values())
         orders = [[r["position"] for r in s["rounds"]] for s in rec["sides"].values()]
@@ -208,8 +260,8 @@ def test_run_loop(api) -> None:
 def main(argv: List[str]) -> int:
     torch.manual_seed(0)
     api = _mlakit()
-    for test in (test_case_table, test_dense_data, test_sparse_data, test_prefill_data, test_sdpa_side,
-                 test_kernel_names):
+    for test in (test_case_table, test_dense_data, test_sparse_data, test_prefill_data, test_gqa_data,
+                 test_sdpa_side, test_kernel_names):
         test()
     test_references(api)
     test_run_loop(api)

@@ -5,6 +5,12 @@ arguments: mlakit through its drop-in `mlakit.flash_mla`, FlashMLA through its `
 package. The decode schedule is made by the first call of a step and reused by the others
 (`get_mla_metadata()` objects, as an engine reuses one per layer); `fresh` makes a new one
 per call (plan + decode). The SDPA sides pin one PyTorch backend each.
+
+The GQA decode has no FlashMLA-style API: mlakit is called through its own
+`mlakit.gqa_decode` with the plan of `mlakit.gqa_decode_plan` made once (`fresh`: plan +
+decode per call), SDPA on the same values in a contiguous cache; where the case appends
+k_new / v_new with RoPE, SDPA's call does the same with PyTorch ops first (rotate q and
+k_new, write the new row into its cache), as a caller without a fused kernel would.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 
 from .cases import SIDES
-from .data import D_V, Inputs
+from .data import D_V, Inputs, rope_neox
 
 
 class SideUnavailable(RuntimeError):
@@ -124,6 +130,53 @@ def flash_api_runner(side: str, api: Any, family: str, x: Inputs) -> Runner:
     )
 
 
+def mlakit_gqa_runner(side: str, api: Any, x: Inputs) -> Runner:
+    """mlakit.gqa_decode (api: any module of the mlakit package that was loaded)."""
+    mk = importlib.import_module(api.__name__.split(".")[0])
+    t = x.tensors
+    q, seqlens = t["q"], t["cache_seqlens"]
+    _, s_q, h_q, d = q.shape
+    h_kv = t["k_cache"].shape[2]
+    options = dict(k_scale=t["k_scale"], v_scale=t["v_scale"], k_new=t["k_new"], v_new=t["v_new"],
+                   rope_style="neox" if t["k_new"] is not None else None)
+
+    def run(plan: Any) -> Any:
+        return (mk.gqa_decode(q, t["k_cache"], t["v_cache"], t["block_table"], seqlens, plan=plan, **options),)
+
+    plan = mk.gqa_decode_plan(seqlens, s_q, h_q, h_kv, d)
+    return Runner(side, lambda: run(plan), lambda: run(None), ("out",))
+
+
+def sdpa_gqa_runner(side: str, backend: Any, x: Inputs) -> Runner:
+    """SDPA with `backend` pinned and enable_gqa over the contiguous [b, h_kv, s_k, d] cache;
+    out back in mlakit's [b, s_q, h_q, d] layout (a view)."""
+    from torch.nn.attention import sdpa_kernel
+
+    t = x.tensors
+    q, k, v = t["q"], t["k_sdpa"], t["v_sdpa"]
+    s_q, s_k = q.shape[1], k.shape[2]
+    if t["k_new"] is None:
+        def call() -> Any:
+            with sdpa_kernel([backend]):
+                out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k, v, enable_gqa=True)
+            return (out.transpose(1, 2),)
+
+        return Runner(side, call, None, ("out",))
+    if s_q != 1:
+        raise NotImplementedError(f"{side}: the append is written for s_q = 1")
+    pos = s_k - 1
+
+    def call_append() -> Any:
+        qr = rope_neox(q.float(), pos).to(q.dtype)
+        k[:, :, pos] = rope_neox(t["k_new"][:, 0].float(), pos).to(k.dtype)  # [b, h_kv, d]
+        v[:, :, pos] = t["v_new"][:, 0]
+        with sdpa_kernel([backend]):
+            out = torch.nn.functional.scaled_dot_product_attention(qr.transpose(1, 2), k, v, enable_gqa=True)
+        return (out.transpose(1, 2),)
+
+    return Runner(side, call_append, None, ("out",))
+
+
 def sdpa_runner(side: str, backend: Any, family: str, x: Inputs) -> Runner:
     """torch SDPA with one backend pinned (an unavailable backend raises at the call)."""
     from torch.nn.attention import sdpa_kernel
@@ -140,6 +193,12 @@ def sdpa_runner(side: str, backend: Any, family: str, x: Inputs) -> Runner:
 
 
 def runner(side: str, handle: Any, family: str, x: Inputs) -> Runner:
+    if family == "gqa":
+        if side == "mlakit":
+            return mlakit_gqa_runner(side, handle, x)
+        if side.startswith("sdpa"):
+            return sdpa_gqa_runner(side, handle, x)
+        raise NotImplementedError(f"{side}: no {family} operation")
     if side in ("mlakit", "flashmla"):
         return flash_api_runner(side, handle, family, x)
     return sdpa_runner(side, handle, family, x)

@@ -1,4 +1,5 @@
-"""mlakit: multi-head latent attention (MLA) kernels for LLM serving, over DLPack arrays.
+"""mlakit: multi-head latent attention (MLA) and GQA decode kernels for LLM serving, over
+DLPack arrays.
 
 Arrays may come from NumPy, PyTorch or CuPy. Host arrays run the float64 CPU reference;
 device arrays run the GPU kernels on the caller's current stream (for PyTorch,
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 from ._decode import MlaDecodePlan, mla_decode, mla_decode_plan
 from ._fp8_cache import append_fp8_cache, dequantize_fp8_cache, quantize_fp8_cache
+from ._gqa_cache import dequantize_gqa_cache, gqa_cache_append, quantize_gqa_cache
+from ._gqa_decode import GqaDecodePlan, gqa_decode, gqa_decode_plan
 from ._sparse_decode import mla_sparse_decode, mla_sparse_decode_plan
 from ._sparse_prefill import mla_sparse_prefill
 
@@ -29,4 +32,10 @@ __all__ = [
     "quantize_fp8_cache",
     "dequantize_fp8_cache",
     "append_fp8_cache",
+    "GqaDecodePlan",
+    "gqa_decode",
+    "gqa_decode_plan",
+    "quantize_gqa_cache",
+    "dequantize_gqa_cache",
+    "gqa_cache_append",
 ]

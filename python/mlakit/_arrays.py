@@ -42,8 +42,22 @@ def _bfloat16_host_dtype() -> Any:
         return np.uint16
 
 
+def _float8_host_dtype() -> Any:
+    """NumPy has no float8 either: ml_dtypes' float8_e4m3fn when installed, else uint8 bytes
+    (which the GQA cache functions read as float8 e4m3)."""
+    import numpy as np
+
+    try:
+        import ml_dtypes
+
+        return ml_dtypes.float8_e4m3fn
+    except ImportError:
+        return np.uint8
+
+
 def dtype(like: Any, name: str) -> Any:
-    """The dtype called `name` ('float32', 'int32', 'uint8', 'bfloat16') in `like`'s framework."""
+    """The dtype called `name` ('float32', 'int32', 'int8', 'uint8', 'float16', 'bfloat16',
+    'float8_e4m3fn') in `like`'s framework."""
     kind = framework(like)
     if kind == "torch":
         import torch
@@ -52,6 +66,9 @@ def dtype(like: Any, name: str) -> Any:
     if name == "bfloat16":
         # CuPy has no bfloat16 either: bit patterns there too.
         return _bfloat16_host_dtype() if kind == "numpy" else "uint16"
+    if name == "float8_e4m3fn":
+        # Nor float8: its bytes.
+        return _float8_host_dtype() if kind == "numpy" else "uint8"
     return name
 
 
@@ -77,6 +94,20 @@ def empty(like: Any, shape: Tuple[int, ...], dtype_name: Optional[str] = None) -
         "mlakit writes its outputs into arrays of the caller's framework, which must be NumPy, PyTorch or CuPy "
         "(JAX arrays are immutable: pass e.g. torch.from_dlpack(x) views)"
     )
+
+
+def full(like: Any, shape: Tuple[int, ...], dtype_name: str, value: float) -> Any:
+    """An array of `shape` filled with `value`, in `like`'s framework and device (on the
+    device: an asynchronous fill on the current stream, so it can be captured in a CUDA graph)."""
+    out = empty(like, shape, dtype_name)
+    if framework(out) == "torch":
+        out.fill_(value)
+    elif framework(out) == "cupy":
+        with like.device:
+            out.fill(value)
+    else:
+        out[...] = value
+    return out
 
 
 def int32_view(buffer: Any, offset: int, shape: Tuple[int, ...]) -> Any:

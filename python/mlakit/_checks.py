@@ -92,6 +92,16 @@ def scale(op: str, name: str, value: Any) -> Optional[float]:
     return result
 
 
+def real(op: str, name: str, value: Any) -> float:
+    """A real number (NumPy's too; bool not), as a float. Ranges are the library's to check."""
+    if value is None:
+        raise TypeError(f"{op}: {name}: expected a float, got None")
+    try:
+        return scale(op, name, value)  # type: ignore[return-value]
+    except TypeError as e:
+        raise TypeError(str(e).replace("expected a float or None", "expected a float")) from None
+
+
 def integer(op: str, name: str, value: Any, minimum: Optional[int] = None, bits: int = 32) -> int:
     """An int (NumPy integers too, bool not) that the extension's `bits`-bit parameter holds
     (the library checks the range that makes sense), at least `minimum` when given."""

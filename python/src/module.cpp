@@ -6,9 +6,10 @@
 #include "bindings.h"
 
 NB_MODULE(_mlakit, m) {
-  m.doc() = "mlakit: MLA attention kernels (C++/CUDA) over DLPack arrays";
+  m.doc() = "mlakit: MLA and GQA attention kernels (C++/CUDA) over DLPack arrays";
   mlakit::python::bind_decode(m);
   mlakit::python::bind_sparse_decode(m);
   mlakit::python::bind_sparse_prefill(m);
   mlakit::python::bind_fp8_cache(m);
+  mlakit::python::bind_gqa_decode(m);
 }

@@ -33,6 +33,14 @@ def _prefill_args():
     return {"q": q, "kv": kv, "indices": rng.integers(-1, 8, size=(2, 1, 64)).astype(np.int32)}
 
 
+def _gqa_args():
+    rng = np.random.default_rng(24)
+    q = to_bf16(activations(rng, (2, 1, 8, 64)))
+    k = to_bf16(activations(rng, (4, 16, 2, 64)) / 10)
+    table = np.array([[0, 1], [2, 3]], np.int32)
+    return {"q": q, "k_cache": k, "v_cache": k.copy(), "block_table": table, "cache_seqlens": np.array([5, 20], np.int32)}
+
+
 def _flash_decode(**args):
     meta, _ = flash_mla.get_mla_metadata()
     k = dict(args)
@@ -50,6 +58,7 @@ CALLS = [
     ("mla_decode", lambda **a: mlakit.mla_decode(**a), _decode_args, {}),
     ("mla_sparse_decode", lambda **a: mlakit.mla_sparse_decode(**a), _sparse_args, {}),
     ("mla_sparse_prefill", lambda **a: mlakit.mla_sparse_prefill(**a), _prefill_args, {}),
+    ("gqa_decode", lambda **a: mlakit.gqa_decode(**a), _gqa_args, {}),
     ("flash_mla_with_kvcache", _flash_decode, _decode_args, {"kv_cache": "k_cache"}),
     ("flash_mla_sparse_fwd", _flash_prefill, _prefill_args, {}),
 ]
