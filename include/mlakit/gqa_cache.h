@@ -20,8 +20,7 @@ namespace mlakit {
 Status quantize_gqa_cache(const TensorRef& src, const GqaPagedCache& dst, cudaStream_t stream);
 
 // src (int8 / fp8 with scales) -> dst [num_blocks, page_size, h_kv, d] bf16 | fp16:
-// float(stored) * scale as one float32 product, then rounded
-// to nearest even to dst's dtype.
+// float(stored) * scale as one float32 product, then rounded to nearest even to dst's dtype.
 Status dequantize_gqa_cache(const GqaPagedCache& src, const TensorRef& dst, cudaStream_t stream);
 
 // The append half of gqa_decode alone: k_new / v_new [b, s_q, h_kv, d] (bf16 | fp16) written
