@@ -34,8 +34,8 @@ struct RowRope {
 // Rotates x[0, rotary_dim) in place at position `pos` in float, as the GPU's append does
 // (src/kernels/gqa/cache_append_row.cuh): value e becomes rope_rotate(x[e], x[partner],
 // cos, sin, first) with the pair and angle of common/rotary.h, every value from the
-// unrotated row. Bit-identical to the GPU, unlike apply_rope's float64 rotation (which the
-// reference keeps for q).
+// unrotated row. Bit-identical to the GPU (the decode rotates q with it too, then rounds q to
+// its dtype; apply_rope is the independent float64 rotation the tests compare with).
 void rotate_row_float(float* x, const RowRope& rope, int64_t pos);
 
 // One appended cache row as the GPU stores it: the d values of `src` (bf16 / fp16
