@@ -91,7 +91,8 @@ def sparse_prefill(x: Inputs) -> Dict[str, Any]:
 
 def gqa(x: Inputs) -> Dict[str, Any]:
     """Float64 attention over the dequantized paged cache (stored * scale, exact), with this
-    step's k_new / v_new at position s_k - 1 and q and k_new rotated (NeoX) when appended."""
+    step's k_new / v_new at position s_k - 1 and q and k_new rotated (NeoX) when appended (the
+    rotated q rounded to its dtype, as the contract has it)."""
     t = x.tensors
     q, table, lengths = t["q"], t["block_table"], t["cache_seqlens"].cpu()
     b, s_q, h_q, d = q.shape
@@ -113,7 +114,8 @@ def gqa(x: Inputs) -> Dict[str, Any]:
         if t["k_new"] is not None:
             for tok in range(s_q):
                 pos = length - s_q + tok
-                qi[tok] = rope_neox(qi[tok], pos)
+                # q rotated, then rounded to its dtype: the kernels' input (docs/contract.md).
+                qi[tok] = rope_neox(qi[tok], pos).float().to(q.dtype).double()
                 keys[:, pos] = rope_neox(t["k_new"][i, tok].double(), pos)
                 values[:, pos] = t["v_new"][i, tok].double()
         qi = qi.view(s_q, h_kv, group, d).permute(1, 0, 2, 3).reshape(h_kv, s_q * group, d)

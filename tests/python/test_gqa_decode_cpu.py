@@ -90,9 +90,12 @@ def quantize_rows(x, kind, tensor_scale=None):
 
 
 def gqa_reference(q, k, v, table, lengths, scale=None, causal=False, window=0, softcap=0.0, alibi=None,
-                  rope_style=None, rope_theta=10000.0, rotary_dim=0, skip=()):
+                  rope_style=None, rope_theta=10000.0, rotary_dim=0, skip=(), q_dtype=None):
     """Float64 GQA decode over dequantized caches k, v [num_blocks, page, h_kv, d]:
-    (out [b, s_q, h_q, d], lse [b, h_q, s_q]); rows seeing no key give 0 and +inf."""
+    (out [b, s_q, h_q, d], lse [b, h_q, s_q]); rows seeing no key give 0 and +inf. A rotated
+    q is rounded to q's dtype (`q_dtype`, np.uint16 for bf16 or np.float16; default q's), as
+    the contract says: the kernels' matrix units take it in that dtype."""
+    q_dtype = q.dtype if q_dtype is None else q_dtype
     q = as_float(q)
     b, s_q, h_q, d = q.shape
     page, h_kv = k.shape[1], k.shape[2]
@@ -116,6 +119,8 @@ def gqa_reference(q, k, v, table, lengths, scale=None, causal=False, window=0, s
             for h in range(h_q):
                 hk = h // group
                 qr = rope(q[i, t, h], pos, rope_style, rope_theta, rotary_dim)
+                if rope_style is not None:
+                    qr = as_float(cast(qr.astype(np.float32), q_dtype))
                 s = keys[first : last + 1, hk] @ qr * scale
                 if softcap > 0:
                     s = softcap * np.tanh(s / softcap)
@@ -576,5 +581,5 @@ def test_the_docs_example_runs_on_host_tensors():
     k = dequantized(scope["k_int8"].numpy(), scope["k_scale"].numpy())
     v = dequantized(scope["v_int8"].numpy(), scope["v_scale"].numpy())
     ref = gqa_reference(q.float().numpy(), k, v, scope["block_table"].numpy(), scope["cache_seqlens"].numpy(),
-                        rope_style="neox")
+                        rope_style="neox", q_dtype=np.uint16)
     check((out.float().numpy(), lse.numpy()), ref)
