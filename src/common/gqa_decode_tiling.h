@@ -24,8 +24,8 @@ inline constexpr int kSmemTargetBytes = 112 * 1024;
 constexpr int raw_pitch(int cache_bytes, int d) { return d * cache_bytes + 16; }
 constexpr int elem_pitch(int d) { return d + 8; }  // 16-bit elements: Q, dequantized tiles
 constexpr int stage_bytes(int cache_bytes, int d) { return 2 * kKeys * raw_pitch(cache_bytes, d); }
-// Per stage: the K and V tiles and their 64 + 64 float scales.
-constexpr int stage_with_scales_bytes(int cache_bytes, int d) { return stage_bytes(cache_bytes, d) + 2 * kKeys * 4; }
+// Per stage: the K and V tiles, their 64 + 64 float scales and the 64 keys' block ids.
+constexpr int stage_with_scales_bytes(int cache_bytes, int d) { return stage_bytes(cache_bytes, d) + 3 * kKeys * 4; }
 // The end-of-segment merge of the 4 warps' partial outputs (floats), aliased on the stages.
 constexpr int merge_bytes(int d) { return kWarps * kRows * d * 4; }
 // Quantized caches are dequantized per warp into 16-bit K and V tiles before the mma.

@@ -51,15 +51,16 @@ struct GqaDecodeTile {
   static constexpr int kElemPitch = gqa_tiling::elem_pitch(D);             // elements
   static constexpr int kChunksPerRow = D * kCacheBytes / 16;
   static constexpr int kSmemBytes = gqa_tiling::smem_bytes(kCacheBytes, D);
-  static_assert(kChunksPerRow % 2 == 0, "two threads per key row");
-  static_assert(kThreads == 2 * kKeys, "two threads issue each key's loads");
+  static_assert(kThreads == 2 * kKeys, "a thread per key writes its K scale, another its V scale");
+  static_assert(kKeys * kChunksPerRow % kThreads == 0, "whole chunks per thread");
   static_assert(kStages * gqa_tiling::stage_bytes(kCacheBytes, D) >= gqa_tiling::merge_bytes(D),
                 "the merge buffer is aliased on the stages");
 
   // Shared-memory layout, byte offsets.
   static constexpr int kStageBytes = gqa_tiling::stage_bytes(kCacheBytes, D);
-  static constexpr int kScalesOffset = kStages * kStageBytes;            // [stage][K 64 | V 64] float
-  static constexpr int kQOffset = kScalesOffset + kStages * 2 * kKeys * 4;  // [16][pitch] Elem
+  // [stage][K scales 64 | V scales 64 | block ids 64], 4 bytes each
+  static constexpr int kScalesOffset = kStages * kStageBytes;
+  static constexpr int kQOffset = kScalesOffset + kStages * 3 * kKeys * 4;  // [16][pitch] Elem
   static constexpr int kDequantOffset = kQOffset + kRows * kElemPitch * 2;  // [warp][K | V][16][pitch]
   static constexpr int kStatsOffset = kDequantOffset + gqa_tiling::dequant_bytes(kCacheBytes, D);
   static_assert(kStatsOffset + 2 * kWarps * kRows * 4 == kSmemBytes, "layout matches gqa_tiling::smem_bytes");
@@ -91,7 +92,8 @@ class GqaDecodeCta {
   // ---- shared memory -----------------------------------------------------------------------
   __device__ uint8_t* stage_k(int st) const { return smem_ + st * T::kStageBytes; }
   __device__ uint8_t* stage_v(int st) const { return stage_k(st) + T::kKeys * T::kRawPitch; }
-  __device__ float* scales(int st) const { return reinterpret_cast<float*>(smem_ + T::kScalesOffset) + st * 2 * T::kKeys; }
+  __device__ float* scales(int st) const { return reinterpret_cast<float*>(smem_ + T::kScalesOffset) + st * 3 * T::kKeys; }
+  __device__ int32_t* key_ids(int st) const { return reinterpret_cast<int32_t*>(scales(st) + 2 * T::kKeys); }
   __device__ Elem* q_smem() const { return reinterpret_cast<Elem*>(smem_ + T::kQOffset); }
   __device__ Elem* dequant(int which) const {  // this warp's K (0) or V (1) tile
     return reinterpret_cast<Elem*>(smem_ + T::kDequantOffset) + (warp_ * 2 + which) * T::kKeysPerWarp * T::kElemPitch;
@@ -114,6 +116,12 @@ class GqaDecodeCta {
     __syncthreads();  // the appended rows and Q are visible to every thread
 
     const int tiles = (s.key_end - s.key_begin + T::kKeys - 1) / T::kKeys;
+    // Block ids of tiles 0 .. kStages - 1; later tiles' are loaded one iteration ahead.
+#pragma unroll
+    for (int st = 0; st < T::kStages; ++st) {
+      if (tid_ < T::kKeys) key_ids(st)[tid_] = st < tiles ? tile_key_id(s.key_begin + st * T::kKeys) : kPastSegment;
+    }
+    __syncthreads();
 #pragma unroll
     for (int st = 0; st < T::kStages - 1; ++st) {
       if (st < tiles) issue_tile(s.key_begin + st * T::kKeys, st);
@@ -125,7 +133,13 @@ class GqaDecodeCta {
       const int next = it + T::kStages - 1;
       if (next < tiles) issue_tile(s.key_begin + next * T::kKeys, next % T::kStages);
       device::cp_async_commit();
+      // The block ids of tile it + kStages (its slot is tile it's, whose copies were issued
+      // kStages - 1 iterations ago): loaded now, stored after the compute hid the latency.
+      const int ahead = it + T::kStages;
+      const int32_t ahead_id =
+          tid_ < T::kKeys && ahead < tiles ? tile_key_id(s.key_begin + ahead * T::kKeys) : kPastSegment;
       compute_tile(s.key_begin + it * T::kKeys, it % T::kStages);
+      if (tid_ < T::kKeys) key_ids(it % T::kStages)[tid_] = ahead_id;
     }
     device::cp_async_wait_groups_but<0>();
     finish_segment(s);
@@ -152,17 +166,31 @@ class GqaDecodeCta {
     }
   }
 
-  // Cache position pos -> (block, row in the page); false for a position past the table or a
-  // block id outside [0, num_blocks): never dereferenced.
-  __device__ bool locate(int pos, int64_t* block, int* page_row) const {
+  // The block-table entry of cache position pos; -1 past the table.
+  __device__ int32_t block_id(int pos) const {
     const GqaPages& pg = p_.pages;
     const int logical = static_cast<int>(pg.page_divisor.quotient(static_cast<uint32_t>(pos)));
-    if (logical >= pg.max_blocks_per_seq) return false;
-    const int32_t id = pg.block_table[seq_ * pg.block_table_stride_b + logical];
-    if (id < 0 || id >= pg.num_blocks) return false;
+    return logical < pg.max_blocks_per_seq ? pg.block_table[seq_ * pg.block_table_stride_b + logical] : -1;
+  }
+
+  // The entry of this thread's key (tid < 64) of the tile at scheduled key k0, or
+  // kPastSegment.
+  static constexpr int32_t kPastSegment = -2;
+  __device__ int32_t tile_key_id(int k0) const {
+    const int k = k0 + tid_;
+    return k < key_end_ ? block_id(start_ + k) : kPastSegment;
+  }
+
+  // Cache position pos with block-table entry `id` -> (block, row in the page); false for a
+  // position past the table or an id outside [0, num_blocks): never dereferenced.
+  __device__ bool locate(int pos, int32_t id, int64_t* block, int* page_row) const {
+    if (id < 0 || id >= p_.pages.num_blocks) return false;
     *block = id;
-    *page_row = pos - logical * pg.page_size;
+    *page_row = pos - static_cast<int>(p_.pages.page_divisor.quotient(static_cast<uint32_t>(pos))) * p_.pages.page_size;
     return true;
+  }
+  __device__ bool locate(int pos, int64_t* block, int* page_row) const {
+    return locate(pos, block_id(pos), block, page_row);
   }
 
   // Step 2: Q rows of this tile (rows past the kv head's rows are zero), rotated in float.
@@ -213,34 +241,41 @@ class GqaDecodeCta {
     row_sum_[0] = row_sum_[1] = 0.f;
   }
 
-  // Step 3a: the cp.async loads of the tile of scheduled keys [k0, k0 + 64) into stage st.
-  // Thread tid issues key tid % 64, half tid / 64 of its K and V row chunks, and its K (half 0)
-  // or V (half 1) scale: 1 for 16-bit caches, the stored per-token one, or the tensor's. Keys
-  // past the segment are zero rows with scale 0; a key on a bad block is a zero row whose key
-  // scale is NaN, which turns exactly the rows that see it into NaN rows.
+  // Step 3a: the cp.async loads of the tile of scheduled keys [k0, k0 + 64) into stage st,
+  // from the block ids in key_ids(st). Consecutive threads copy consecutive 16-byte chunks of a
+  // row, so a warp's copies cover whole 32-byte sectors and 128-byte lines (two threads per
+  // row, half a row each, requested every sector twice and left the L2 busier than DRAM).
+  // Thread tid < 64 writes key tid's K scale, tid >= 64 key tid - 64's V scale: 1 for 16-bit
+  // caches, the stored per-token one, or the tensor's. Keys past the segment are zero rows with
+  // scale 0; a key on a bad block is a zero row whose key scale is NaN, which turns exactly the
+  // rows that see it into NaN rows.
   __device__ void issue_tile(int k0, int st) {
+    constexpr int kCopies = T::kKeys * T::kChunksPerRow / T::kThreads;  // per thread, per cache
+    const int32_t* ids = key_ids(st);
+    const uint8_t* k_values = static_cast<const uint8_t*>(p_.k_cache.values);
+    const uint8_t* v_values = static_cast<const uint8_t*>(p_.v_cache.values);
+#pragma unroll
+    for (int m = 0; m < kCopies; ++m) {
+      const int i = tid_ + m * T::kThreads;
+      const int key = i / T::kChunksPerRow, chunk = i % T::kChunksPerRow;
+      int64_t block = 0;
+      int page_row = 0;
+      const bool ok = locate(start_ + k0 + key, ids[key], &block, &page_row);
+      const int64_t k_byte = ok ? p_.k_cache.row(block, page_row, hk_) * T::kCacheBytes + chunk * 16 : 0;
+      const int64_t v_byte = ok ? p_.v_cache.row(block, page_row, hk_) * T::kCacheBytes + chunk * 16 : 0;
+      const int dst = key * T::kRawPitch + chunk * 16;
+      device::cp_async_16_or_zero(device::smem_address(stage_k(st) + dst), k_values + k_byte, ok);
+      device::cp_async_16_or_zero(device::smem_address(stage_v(st) + dst), v_values + v_byte, ok);
+    }
     const int key = tid_ % T::kKeys, half = tid_ / T::kKeys;
-    const int k = k0 + key;
-    const bool in_segment = k < key_end_;
+    const int32_t id = ids[key];
     int64_t block = 0;
     int page_row = 0;
-    const bool ok = in_segment && locate(start_ + k, &block, &page_row);
-    const int64_t k_row = p_.k_cache.row(block, page_row, hk_), v_row = p_.v_cache.row(block, page_row, hk_);
-    const uint8_t* k_src = static_cast<const uint8_t*>(p_.k_cache.values) + (ok ? k_row * T::kCacheBytes : 0);
-    const uint8_t* v_src = static_cast<const uint8_t*>(p_.v_cache.values) + (ok ? v_row * T::kCacheBytes : 0);
-    const uint32_t k_dst = device::smem_address(stage_k(st) + key * T::kRawPitch);
-    const uint32_t v_dst = device::smem_address(stage_v(st) + key * T::kRawPitch);
-    constexpr int kHalfChunks = T::kChunksPerRow / 2;
-#pragma unroll
-    for (int i = 0; i < kHalfChunks; ++i) {
-      const int chunk = half * kHalfChunks + i;
-      device::cp_async_16_or_zero(k_dst + chunk * 16, k_src + (ok ? chunk * 16 : 0), ok);
-      device::cp_async_16_or_zero(v_dst + chunk * 16, v_src + (ok ? chunk * 16 : 0), ok);
-    }
+    const bool ok = locate(start_ + k0 + key, id, &block, &page_row);
     const GqaCacheView& cache = half == 0 ? p_.k_cache : p_.v_cache;
     float* scale_dst = scales(st) + half * T::kKeys + key;
     if (!ok) {
-      *scale_dst = in_segment && half == 0 ? NAN : 0.f;
+      *scale_dst = id != kPastSegment && half == 0 ? NAN : 0.f;
     } else if constexpr (T::kQuantized) {
       if (cache.scale_kind == GqaScaleKind::kPerToken) {
         device::cp_async_4(device::smem_address(scale_dst), cache.scale + cache.scale_index(block, page_row, hk_));
