@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "host/check.h"
+#include "host/gqa_decode_validate.h"
 #include "host/device.h"
 #include "host/gqa_cache_validate.h"
 #include "host/output_check.h"
@@ -122,22 +123,6 @@ Status validate_convert(const char* op, const TensorRef& dense, const char* dens
         check_4d(op, dense_name, dense, dense_dtypes, kDims, {s->num_blocks, s->page_size, s->h_kv, s->d}));
   }
   s->dense_dtype = dense.dtype;
-  return Status::ok();
-}
-
-Status check_rope(const char* op, const RotaryEmbedding& rope, int d, int* rotary_dim) {
-  const auto style = static_cast<int32_t>(rope.style);
-  if (style < 0 || style > 2) {
-    return invalid(op, "rope.style: expected kNone (0), kNeox (1) or kGptj (2), got " + std::to_string(style));
-  }
-  if (!std::isfinite(rope.theta) || !(rope.theta > 0)) {
-    return invalid(op, "rope.theta: expected a finite value > 0, got " + std::to_string(rope.theta));
-  }
-  if (rope.rotary_dim != 0 && (rope.rotary_dim < 2 || rope.rotary_dim > d || rope.rotary_dim % 2 != 0)) {
-    return invalid(op, "rope.rotary_dim: expected 0 (the head dim) or an even value in [2, d = " + std::to_string(d) +
-                           "], got " + std::to_string(rope.rotary_dim));
-  }
-  *rotary_dim = rope.style == RopeStyle::kNone ? 0 : (rope.rotary_dim == 0 ? d : rope.rotary_dim);
   return Status::ok();
 }
 

@@ -107,6 +107,19 @@ Status check_heads(const char* op, const GqaDecodeShape& p) {
   return Status::ok();
 }
 
+Status check_options(const char* op, const GqaDecodeArgs& a) {
+  MLAKIT_RETURN_IF_ERROR(check_logit_scale(op, "softmax_scale", a.softmax_scale));
+  if (a.window < 0) {
+    return invalid(op, "window: expected >= 0 (0: no window), got " + std::to_string(a.window));
+  }
+  if (!std::isfinite(a.softcap) || a.softcap < 0) {
+    return invalid(op, "softcap: expected a finite value >= 0 (0: none), got " + std::to_string(a.softcap));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Status check_rope(const char* op, const RotaryEmbedding& rope, int d, int* rotary_dim) {
   const auto style = static_cast<int32_t>(rope.style);
   if (style < 0 || style > 2) {
@@ -122,19 +135,6 @@ Status check_rope(const char* op, const RotaryEmbedding& rope, int d, int* rotar
   *rotary_dim = rope.style == RopeStyle::kNone ? 0 : (rope.rotary_dim == 0 ? d : rope.rotary_dim);
   return Status::ok();
 }
-
-Status check_options(const char* op, const GqaDecodeArgs& a) {
-  MLAKIT_RETURN_IF_ERROR(check_logit_scale(op, "softmax_scale", a.softmax_scale));
-  if (a.window < 0) {
-    return invalid(op, "window: expected >= 0 (0: no window), got " + std::to_string(a.window));
-  }
-  if (!std::isfinite(a.softcap) || a.softcap < 0) {
-    return invalid(op, "softcap: expected a finite value >= 0 (0: none), got " + std::to_string(a.softcap));
-  }
-  return Status::ok();
-}
-
-}  // namespace
 
 Status validate_gqa_decode_args(const char* op, const GqaDecodeArgs& a, GqaDecodeShape* problem,
                                 bool allow_float_out) {

@@ -38,6 +38,11 @@ struct GqaDecodeShape {
 // output row, but k_new is still appended.)
 inline bool is_empty_problem(const GqaDecodeShape& p) { return p.b == 0 || p.s_q == 0; }
 
+// The rotary embedding's style, theta and rotary_dim (0 or even in [2, d]); `rotary_dim`
+// receives the resolved value (0 without RoPE, else rope.rotary_dim or d). Shared by the
+// decode and the cache tools.
+Status check_rope(const char* op, const RotaryEmbedding& rope, int d, int* rotary_dim);
+
 // Every argument of the call: dtypes, ranks, shape agreement, last dimension contiguous,
 // sizes the kernels index with int range-checked, RoPE / ALiBi / scalar options, and outputs
 // with own elements disjoint from each other and from the inputs (the caches and per-token
