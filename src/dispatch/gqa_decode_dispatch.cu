@@ -8,7 +8,6 @@
 #include "common/rotary.h"
 #include "dispatch/cuda_status.h"
 #include "dispatch/planned_decode.h"
-#include "host/gqa_decode_layout.h"
 #include "kernels/gqa/gqa_decode_launch.h"
 
 namespace mlakit::detail {

@@ -3,7 +3,7 @@
 // in CUDA (gqa_decode_dispatch.cu), absent without CUDA.
 #pragma once
 
-#include "host/gqa_decode_validate.h"
+#include "dispatch/gqa_decode_shape.h"
 #include "mlakit/gqa_decode.h"
 
 namespace mlakit::detail {

@@ -32,8 +32,6 @@ Status validate_gqa_decode_problem(const char* op, const GqaDecodeProblem& p) {
   return Status::ok();
 }
 
-int64_t gqa_decode_rows(const GqaDecodeProblem& p) { return static_cast<int64_t>(p.s_q) * (p.h_q / p.h_kv); }
-
 int gqa_ctas_per_sm(int d, const DeviceInfo& device) {
   // The larger of the 16-bit and the 8-bit cache's footprint; 1 KB per CTA is reserved by the
   // runtime, and an SM holds 1 KB more than one CTA may opt in to.

@@ -7,36 +7,11 @@
 
 #include <cstdint>
 
+#include "dispatch/gqa_decode_shape.h"
 #include "mlakit/gqa_decode.h"
 
 namespace mlakit::detail {
 
-// How a quantized cache stores its dequantization scales.
-enum class GqaScaleLayout {
-  kNone,      // the cache holds q's dtype
-  kPerToken,  // [num_blocks, page_size, h_kv] float32: int8 or fp8
-  kPerTensor  // [1] float32: fp8 only
-};
-
-struct GqaDecodeShape {
-  int64_t b = 0;
-  int s_q = 0;
-  int h_q = 0;
-  int h_kv = 1;
-  int d = 0;
-  int64_t num_blocks = 0;
-  int64_t page_size = 0;
-  int max_blocks_per_seq = 0;
-  DType cache_dtype = DType::kBF16;
-  GqaScaleLayout scale_layout = GqaScaleLayout::kNone;
-  bool append = false;  // k_new / v_new given: the caches (and per-token scales) are written
-  int rotary_dim = 0;   // resolved: 0 without RoPE, else rope.rotary_dim or d
-};
-
-// b or s_q of 0: no query token, nothing to append or compute. b may then be anything the
-// tensors allow (q has no elements), so no loop may run over it. (h_q of 0 is valid too: no
-// output row, but k_new is still appended.)
-inline bool is_empty_problem(const GqaDecodeShape& p) { return p.b == 0 || p.s_q == 0; }
 
 // The rotary embedding's style, theta and rotary_dim (0 or even in [2, d]); `rotary_dim`
 // receives the resolved value (0 without RoPE, else rope.rotary_dim or d). Shared by the
