@@ -161,15 +161,7 @@ ScheduleRegions schedule_regions(int num_parts, int64_t b, int h_kv, int64_t row
 void set_decode_num_parts(int num_parts, MlaDecodePlan* plan) {
   const MlaDecodeProblem& p = plan->problem;
   plan->num_parts = num_parts;
-  const ScheduleRegions r = schedule_regions(num_parts, p.b, p.h_kv, decode_rows(p), p.d_v);
-  plan->partial_slots = r.partial_slots;
-  plan->part_ranges_offset = r.part_ranges_offset;
-  plan->split_prefix_offset = r.split_prefix_offset;
-  plan->partial_prefix_offset = r.partial_prefix_offset;
-  plan->cost_prefix_offset = r.cost_prefix_offset;
-  plan->partial_out_offset = r.partial_out_offset;
-  plan->partial_lse_offset = r.partial_lse_offset;
-  plan->workspace_bytes = r.workspace_bytes;
+  set_schedule_regions(schedule_regions(num_parts, p.b, p.h_kv, decode_rows(p), p.d_v), plan);
 }
 
 WholeSequenceParts whole_sequence_parts(int64_t sequences, int64_t blocks, const ScheduleConfig& c) {

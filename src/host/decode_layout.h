@@ -73,6 +73,19 @@ struct ScheduleRegions {
 };
 ScheduleRegions schedule_regions(int num_parts, int64_t b, int h_kv, int64_t rows, int d_v);
 
+// Copies the regions into a plan (MlaDecodePlan or GqaDecodePlan: the same field names).
+template <typename Plan>
+void set_schedule_regions(const ScheduleRegions& r, Plan* plan) {
+  plan->part_ranges_offset = r.part_ranges_offset;
+  plan->split_prefix_offset = r.split_prefix_offset;
+  plan->partial_prefix_offset = r.partial_prefix_offset;
+  plan->cost_prefix_offset = r.cost_prefix_offset;
+  plan->partial_out_offset = r.partial_out_offset;
+  plan->partial_lse_offset = r.partial_lse_offset;
+  plan->partial_slots = r.partial_slots;
+  plan->workspace_bytes = r.workspace_bytes;
+}
+
 // Sets plan->num_parts and lays the workspace regions out again for it (part ranges and
 // partial slots scale with num_parts; workspace_bytes shrinks with it).
 void set_decode_num_parts(int num_parts, MlaDecodePlan* plan);

@@ -52,15 +52,7 @@ Status make_gqa_decode_layout(const char* op, const GqaDecodeProblem& p, const D
   const int64_t row_tiles = std::max<int64_t>(1, (gqa_decode_rows(p) + gqa_tiling::kRows - 1) / gqa_tiling::kRows);
   const int64_t parts = int64_t{device.sm_count} * gqa_ctas_per_sm(p.d, device) / (int64_t{p.h_kv} * row_tiles);
   out.num_parts = static_cast<int>(std::max<int64_t>(1, parts));
-  const ScheduleRegions r = schedule_regions(out.num_parts, p.b, p.h_kv, gqa_decode_rows(p), p.d);
-  out.part_ranges_offset = r.part_ranges_offset;
-  out.split_prefix_offset = r.split_prefix_offset;
-  out.partial_prefix_offset = r.partial_prefix_offset;
-  out.cost_prefix_offset = r.cost_prefix_offset;
-  out.partial_out_offset = r.partial_out_offset;
-  out.partial_lse_offset = r.partial_lse_offset;
-  out.partial_slots = r.partial_slots;
-  out.workspace_bytes = r.workspace_bytes;
+  set_schedule_regions(schedule_regions(out.num_parts, p.b, p.h_kv, gqa_decode_rows(p), p.d), &out);
   *plan = out;
   return Status::ok();
 }
