@@ -22,26 +22,25 @@ inline constexpr int kSmemTargetBytes = 112 * 1024;
 // One cached row of d values, padded by 16 bytes (rows of a tile then start 16 bytes apart
 // modulo 128: conflict-free ldmatrix / 16-byte accesses).
 constexpr int raw_pitch(int cache_bytes, int d) { return d * cache_bytes + 16; }
-constexpr int elem_pitch(int d) { return d + 8; }  // 16-bit elements: Q, dequantized tiles
+constexpr int elem_pitch(int d) { return d + 8; }  // 16-bit elements: the Q rows
 constexpr int stage_bytes(int cache_bytes, int d) { return 2 * kKeys * raw_pitch(cache_bytes, d); }
-// Per stage: the K and V tiles, their 64 + 64 float scales and the 64 keys' block ids.
-constexpr int stage_with_scales_bytes(int cache_bytes, int d) { return stage_bytes(cache_bytes, d) + 3 * kKeys * 4; }
+// Per stage: the K and V tiles, their 64 + 64 float scales and the 64 keys' locations (the
+// kernel's GqaKeyLocation: K row offset, block, row in the page).
+inline constexpr int kKeyLocationBytes = 16;
+constexpr int stage_with_scales_bytes(int cache_bytes, int d) {
+  return stage_bytes(cache_bytes, d) + kKeys * (2 * 4 + kKeyLocationBytes);
+}
 // The end-of-segment merge of the 4 warps' partial outputs (floats), aliased on the stages.
 constexpr int merge_bytes(int d) { return kWarps * kRows * d * 4; }
-// Quantized caches are dequantized per warp into 16-bit K and V tiles before the mma.
-constexpr int dequant_bytes(int cache_bytes, int d) {
-  return cache_bytes == 1 ? kWarps * 2 * kKeysPerWarp * elem_pitch(d) * 2 : 0;
-}
-// Everything but the stages: Q, the dequantized tiles, the warps' row maxima and sums.
-constexpr int fixed_bytes(int cache_bytes, int d) {
-  return kRows * elem_pitch(d) * 2 + dequant_bytes(cache_bytes, d) + 2 * kWarps * kRows * 4;
-}
+// Everything but the stages: Q, the warps' row maxima and sums, Q's row factors. (Quantized
+// tiles are converted in registers, after the ldmatrix of the stored bytes.)
+constexpr int fixed_bytes(int d) { return kRows * elem_pitch(d) * 2 + 2 * kWarps * kRows * 4 + kRows * 4; }
 constexpr int stage_count(int cache_bytes, int d) {
-  const int n = (kSmemTargetBytes - fixed_bytes(cache_bytes, d)) / stage_with_scales_bytes(cache_bytes, d);
+  const int n = (kSmemTargetBytes - fixed_bytes(d)) / stage_with_scales_bytes(cache_bytes, d);
   return n < 2 ? 2 : (n > 4 ? 4 : n);
 }
 constexpr int smem_bytes(int cache_bytes, int d) {
-  return stage_count(cache_bytes, d) * stage_with_scales_bytes(cache_bytes, d) + fixed_bytes(cache_bytes, d);
+  return stage_count(cache_bytes, d) * stage_with_scales_bytes(cache_bytes, d) + fixed_bytes(d);
 }
 
 }  // namespace mlakit::detail::gqa_tiling

@@ -27,47 +27,41 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
   return halves;
 }
 
-// Four stored values (one little-endian word) as two packed Elem pairs.
-template <typename Elem, typename CacheT>
-__device__ __forceinline__ uint2 stored4_to_elem(uint32_t word) {
+// Two fp16 numbers 1024 + (x + 128) (int8 x, see below) minus 1152: x, exactly.
+__device__ __forceinline__ uint32_t minus_1152(uint32_t halves) {
+  const __half2 offset = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+  const __half2 x = __hsub2(*reinterpret_cast<const __half2*>(&halves), offset);
+  return *reinterpret_cast<const uint32_t*>(&x);
+}
+
+// Four stored values (one little-endian word) as two f16x2 words: bytes (0, 1) and (2, 3).
+template <typename CacheT>
+__device__ __forceinline__ uint2 stored4_to_f16(uint32_t word) {
   if constexpr (std::is_same_v<CacheT, int8_t>) {
-    // x + 128 (the byte with its top bit flipped) placed in the mantissa of a number whose
-    // exponent makes it 1024 + (x + 128) (f16) or 2^23 + (x + 128) (f32); one subtraction
-    // leaves x exactly. Cheaper than four integer-to-float conversions (quarter rate).
+    // x + 128 (the byte with its top bit flipped) placed in the mantissa of the fp16 number
+    // 1024 + (x + 128); one subtraction of 1152 leaves x exactly. Cheaper than four integer
+    // to float conversions (quarter rate) and two packs.
     const uint32_t biased = word ^ 0x80808080u;
-    if constexpr (std::is_same_v<Elem, __half>) {
-      const uint32_t lo = __byte_perm(biased, 0x64646464u, 0x5140), hi = __byte_perm(biased, 0x64646464u, 0x7362);
-      const __half2 offset = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
-      const __half2 a = __hsub2(*reinterpret_cast<const __half2*>(&lo), offset);
-      const __half2 b = __hsub2(*reinterpret_cast<const __half2*>(&hi), offset);
-      return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-    } else {
-      constexpr float kOffset = 8388736.f;  // 2^23 + 128
-      const float v0 = __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7650)) - kOffset;
-      const float v1 = __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7651)) - kOffset;
-      const float v2 = __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7652)) - kOffset;
-      const float v3 = __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7653)) - kOffset;
-      return make_uint2(device::ElemOps<Elem>::pack(v0, v1), device::ElemOps<Elem>::pack(v2, v3));
-    }
+    const uint32_t lo = __byte_perm(biased, 0x64646464u, 0x5140), hi = __byte_perm(biased, 0x64646464u, 0x7362);
+    return make_uint2(minus_1152(lo), minus_1152(hi));
   } else {
-    const uint32_t lo = e4m3x2_to_f16x2(word), hi = e4m3x2_to_f16x2(word >> 16);
-    if constexpr (std::is_same_v<Elem, __half>) {
-      return make_uint2(lo, hi);
-    } else {  // f16 -> f32 -> bf16 is exact for e4m3 values
-      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
-      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
-      return make_uint2(device::ElemOps<Elem>::pack(a.x, a.y), device::ElemOps<Elem>::pack(b.x, b.y));
-    }
+    return make_uint2(e4m3x2_to_f16x2(word), e4m3x2_to_f16x2(word >> 16));
   }
 }
 
-// Sixteen stored bytes as sixteen Elem (two 16-byte chunks).
-template <typename Elem, typename CacheT>
-__device__ __forceinline__ void stored16_to_elem(uint4 raw, uint4* first, uint4* second) {
-  const uint2 a = stored4_to_elem<Elem, CacheT>(raw.x), b = stored4_to_elem<Elem, CacheT>(raw.y);
-  const uint2 c = stored4_to_elem<Elem, CacheT>(raw.z), d = stored4_to_elem<Elem, CacheT>(raw.w);
-  *first = make_uint4(a.x, a.y, b.x, b.y);
-  *second = make_uint4(c.x, c.y, d.x, d.y);
+// The bytes (0, 2) and (1, 3) of a word as two f16x2 words, the lower byte in the low half:
+// the value fragments of an int8 / fp8 tile read by ldmatrix.trans (each 16-bit element is a
+// pair of neighbouring values of one key; bytes 0, 2 are one value column of two keys).
+template <typename CacheT>
+__device__ __forceinline__ uint2 stored4_interleaved_to_f16(uint32_t word) {
+  if constexpr (std::is_same_v<CacheT, int8_t>) {
+    const uint32_t biased = word ^ 0x80808080u;  // x + 128 in the mantissa of 1024 + ..., as above
+    const uint32_t even = __byte_perm(biased, 0x64646464u, 0x5240), odd = __byte_perm(biased, 0x64646464u, 0x5341);
+    return make_uint2(minus_1152(even), minus_1152(odd));
+  } else {
+    const uint32_t pairs = __byte_perm(word, 0u, 0x3120);  // bytes 0, 2 | 1, 3
+    return make_uint2(e4m3x2_to_f16x2(pairs), e4m3x2_to_f16x2(pairs >> 16));
+  }
 }
 
 }  // namespace mlakit::detail

@@ -21,8 +21,10 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/gqa_decode_tiling.h"
 #include "common/rotary.h"
@@ -58,18 +60,34 @@ struct GqaDecodeTile {
 
   // Shared-memory layout, byte offsets.
   static constexpr int kStageBytes = gqa_tiling::stage_bytes(kCacheBytes, D);
-  // [stage][K scales 64 | V scales 64 | block ids 64], 4 bytes each
-  static constexpr int kScalesOffset = kStages * kStageBytes;
-  static constexpr int kQOffset = kScalesOffset + kStages * 3 * kKeys * 4;  // [16][pitch] Elem
-  static constexpr int kDequantOffset = kQOffset + kRows * kElemPitch * 2;  // [warp][K | V][16][pitch]
-  static constexpr int kStatsOffset = kDequantOffset + gqa_tiling::dequant_bytes(kCacheBytes, D);
-  static_assert(kStatsOffset + 2 * kWarps * kRows * 4 == kSmemBytes, "layout matches gqa_tiling::smem_bytes");
+  static constexpr int kScalesOffset = kStages * kStageBytes;              // [stage][K 64 | V 64] float
+  static constexpr int kLocationsOffset = kScalesOffset + kStages * 2 * kKeys * 4;  // [stage][64] KeyLocation
+  static constexpr int kQOffset = kLocationsOffset + kStages * kKeys * gqa_tiling::kKeyLocationBytes;
+  static constexpr int kStatsOffset = kQOffset + kRows * kElemPitch * 2;
+  static_assert(kStatsOffset + 2 * kWarps * kRows * 4 + kRows * 4 == kSmemBytes, "layout matches gqa_tiling::smem_bytes");
 };
+
+// Where one key of a staged tile lives: the element offset of its K row (kv head included),
+// its block (or kBadBlock / kPastSegment) and its row in the page; computed once per key.
+struct GqaKeyLocation {
+  int64_t k_row;
+  int32_t block;
+  int32_t page_row;
+};
+static_assert(sizeof(GqaKeyLocation) == gqa_tiling::kKeyLocationBytes, "the tiling's size of a location");
 
 template <typename Elem, typename CacheT, int D>
 class GqaDecodeCta {
   using T = GqaDecodeTile<Elem, CacheT, D>;
   using Ops = device::ElemOps<Elem>;
+  // P V of a quantized cache runs in fp16 whatever q's type: the stored values convert to it
+  // exactly and P (times the value scale, see softmax) keeps 11 significant bits, not 8.
+  // Q K^T too, with bf16 q rows scaled by a power of two into fp16's range (exact, see
+  // scale_q_rows): the stored keys convert to fp16 in two instructions per pair, to bf16 in
+  // five.
+  using PvElem = std::conditional_t<T::kQuantized, __half, Elem>;
+  using QkElem = PvElem;
+  static constexpr bool kScaledQ = T::kQuantized && !std::is_same_v<Elem, __half>;
   static constexpr int kValueTiles = D / 8;  // n-tiles of the output per warp
 
  public:
@@ -92,14 +110,14 @@ class GqaDecodeCta {
   // ---- shared memory -----------------------------------------------------------------------
   __device__ uint8_t* stage_k(int st) const { return smem_ + st * T::kStageBytes; }
   __device__ uint8_t* stage_v(int st) const { return stage_k(st) + T::kKeys * T::kRawPitch; }
-  __device__ float* scales(int st) const { return reinterpret_cast<float*>(smem_ + T::kScalesOffset) + st * 3 * T::kKeys; }
-  __device__ int32_t* key_ids(int st) const { return reinterpret_cast<int32_t*>(scales(st) + 2 * T::kKeys); }
-  __device__ Elem* q_smem() const { return reinterpret_cast<Elem*>(smem_ + T::kQOffset); }
-  __device__ Elem* dequant(int which) const {  // this warp's K (0) or V (1) tile
-    return reinterpret_cast<Elem*>(smem_ + T::kDequantOffset) + (warp_ * 2 + which) * T::kKeysPerWarp * T::kElemPitch;
+  __device__ float* scales(int st) const { return reinterpret_cast<float*>(smem_ + T::kScalesOffset) + st * 2 * T::kKeys; }
+  __device__ GqaKeyLocation* key_locations(int st) const {
+    return reinterpret_cast<GqaKeyLocation*>(smem_ + T::kLocationsOffset) + st * T::kKeys;
   }
+  __device__ Elem* q_smem() const { return reinterpret_cast<Elem*>(smem_ + T::kQOffset); }
   __device__ float* stat_max() const { return reinterpret_cast<float*>(smem_ + T::kStatsOffset); }
   __device__ float* stat_sum() const { return stat_max() + T::kWarps * T::kRows; }
+  __device__ float* q_unscale() const { return stat_sum() + T::kWarps * T::kRows; }  // [16], see scale_q_rows
   __device__ float* merge() const { return reinterpret_cast<float*>(smem_); }  // [warp][row][D]
 
   // ---- one segment -------------------------------------------------------------------------
@@ -111,17 +129,22 @@ class GqaDecodeCta {
     if (p_.append.k_new != nullptr) append_new_rows(s);
     if (rows_here_ <= 0) return;  // no query rows (h_q 0): the append was all
     load_q();
-    row_limits();
     reset_state();
-    __syncthreads();  // the appended rows and Q are visible to every thread
-
     const int tiles = (s.key_end - s.key_begin + T::kKeys - 1) / T::kKeys;
-    // Block ids of tiles 0 .. kStages - 1; later tiles' are loaded one iteration ahead.
+    // Key locations of tiles 0 .. kStages - 1; later tiles' are staged one iteration ahead.
 #pragma unroll
     for (int st = 0; st < T::kStages; ++st) {
-      if (tid_ < T::kKeys) key_ids(st)[tid_] = st < tiles ? tile_key_id(s.key_begin + st * T::kKeys) : kPastSegment;
+      if (tid_ < T::kKeys) {
+        const int k0 = s.key_begin + st * T::kKeys;
+        key_locations(st)[tid_] = key_location(k0, st < tiles ? tile_block_id(k0) : kPastSegment);
+      }
     }
-    __syncthreads();
+    __syncthreads();  // the appended rows, Q and the locations are visible to every thread
+    if constexpr (kScaledQ) {
+      scale_q_rows();
+      __syncthreads();
+    }
+    row_limits();
 #pragma unroll
     for (int st = 0; st < T::kStages - 1; ++st) {
       if (st < tiles) issue_tile(s.key_begin + st * T::kKeys, st);
@@ -133,13 +156,13 @@ class GqaDecodeCta {
       const int next = it + T::kStages - 1;
       if (next < tiles) issue_tile(s.key_begin + next * T::kKeys, next % T::kStages);
       device::cp_async_commit();
-      // The block ids of tile it + kStages (its slot is tile it's, whose copies were issued
-      // kStages - 1 iterations ago): loaded now, stored after the compute hid the latency.
-      const int ahead = it + T::kStages;
-      const int32_t ahead_id =
-          tid_ < T::kKeys && ahead < tiles ? tile_key_id(s.key_begin + ahead * T::kKeys) : kPastSegment;
+      // The locations of tile it + kStages (its slot is tile it's, whose copies were issued
+      // kStages - 1 iterations ago): block ids loaded now, stored after the compute hid the
+      // latency.
+      const int ahead = it + T::kStages, ahead_k0 = s.key_begin + ahead * T::kKeys;
+      const int32_t ahead_id = tid_ < T::kKeys && ahead < tiles ? tile_block_id(ahead_k0) : kPastSegment;
       compute_tile(s.key_begin + it * T::kKeys, it % T::kStages);
-      if (tid_ < T::kKeys) key_ids(it % T::kStages)[tid_] = ahead_id;
+      if (tid_ < T::kKeys) key_locations(it % T::kStages)[tid_] = key_location(ahead_k0, ahead_id);
     }
     device::cp_async_wait_groups_but<0>();
     finish_segment(s);
@@ -161,8 +184,13 @@ class GqaDecodeCta {
       const Elem* src = static_cast<const Elem*>(keys ? a.k_new : a.v_new) +
                         seq_ * (keys ? a.k_stride_b : a.v_stride_b) + t * (keys ? a.k_stride_s : a.v_stride_s) +
                         hk_ * (keys ? a.k_stride_h : a.v_stride_h);
-      append_row_warp<Elem, CacheT, D>(src, p_.rope, keys && p_.rope.style != 0, pos,
-                                       keys ? p_.k_cache : p_.v_cache, block, page_row, hk_, lane_);
+      // Both calls inline: a reference chosen at run time between two kernel parameters
+      // would copy both to the stack.
+      if (keys) {
+        append_row_warp<Elem, CacheT, D>(src, p_.rope, p_.rope.style != 0, pos, p_.k_cache, block, page_row, hk_, lane_);
+      } else {
+        append_row_warp<Elem, CacheT, D>(src, p_.rope, false, pos, p_.v_cache, block, page_row, hk_, lane_);
+      }
     }
   }
 
@@ -173,12 +201,23 @@ class GqaDecodeCta {
     return logical < pg.max_blocks_per_seq ? pg.block_table[seq_ * pg.block_table_stride_b + logical] : -1;
   }
 
-  // The entry of this thread's key (tid < 64) of the tile at scheduled key k0, or
-  // kPastSegment.
-  static constexpr int32_t kPastSegment = -2;
-  __device__ int32_t tile_key_id(int k0) const {
+  // The block-table entry of this thread's key (tid < 64) of the tile at scheduled key k0, or
+  // kPastSegment; and the key's location from it.
+  static constexpr int32_t kBadBlock = -1, kPastSegment = -2;
+  __device__ int32_t tile_block_id(int k0) const {
     const int k = k0 + tid_;
     return k < key_end_ ? block_id(start_ + k) : kPastSegment;
+  }
+  __device__ GqaKeyLocation key_location(int k0, int32_t id) const {
+    GqaKeyLocation loc{0, id == kPastSegment ? kPastSegment : kBadBlock, 0};
+    int64_t block;
+    int page_row;
+    if (id != kPastSegment && locate(start_ + k0 + tid_, id, &block, &page_row)) {
+      loc.k_row = p_.k_cache.row(block, page_row, hk_);
+      loc.block = static_cast<int32_t>(block);
+      loc.page_row = page_row;
+    }
+    return loc;
   }
 
   // Cache position pos with block-table entry `id` -> (block, row in the page); false for a
@@ -211,7 +250,48 @@ class GqaDecodeCta {
           v = rope_rotate(v, static_cast<float>(row[pair.partner]), cs, sn, pair.first);
         }
       }
-      dst[r * T::kElemPitch + col] = Ops::from_float(v);
+      dst[r * T::kElemPitch + q_column(col)] = Ops::from_float(v);
+    }
+  }
+
+  // Where Q's column col is stored. With a quantized cache, a lane's key fragment holds the
+  // 4 consecutive stored values 4c..4c+3 of a 16-column group (ldmatrix of bytes, see
+  // scores), which the mma takes as its k indices 2c, 2c + 1, 2c + 8, 2c + 9; Q's columns are
+  // stored in that order so that ldmatrix hands every lane the matching values.
+  __device__ static int q_column(int col) {
+    if constexpr (!T::kQuantized) return col;
+    const int group = col & ~15, c = (col & 15) / 4, j = col & 3;
+    return group + (j < 2 ? 2 * c + j : 8 + 2 * c + j - 2);
+  }
+
+  // bf16 q over a quantized cache: each Q row (bf16, as rounded by load_q) times 2^s, stored
+  // in place as fp16, with s chosen so that the row's largest |value| lies in [2^14, 2^15).
+  // Every bf16 value within 2^-24 of the row's largest converts exactly (fp16 has 11
+  // significant bits to bf16's 8), so S = Q K^T in fp16 equals the bf16 product up to
+  // values far below bf16's own rounding; the logits are multiplied by 2^-s
+  // (q_unscale). Warp w scales rows 4w..4w+3.
+  __device__ void scale_q_rows() {
+    static_assert(T::kRows == 4 * T::kWarps, "four rows per warp");
+    constexpr int kPerLane = D / 32;
+    for (int r = 4 * warp_; r < 4 * warp_ + 4; ++r) {
+      Elem* row = q_smem() + r * T::kElemPitch;
+      float x[kPerLane];
+      int e = 0;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        x[i] = static_cast<float>(row[lane_ * kPerLane + i]);
+        e = max(e, biased_exponent(x[i]));
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) e = max(e, __shfl_xor_sync(0xffffffffu, e, offset));
+      // e 0: a zero row; e 255: inf or NaN, which stay what they are.
+      const int shift = min(141 - e, 126);
+      const float up = power_of_two(shift);
+      __syncwarp();  // every lane has read the row before any overwrites it
+      __half* out = reinterpret_cast<__half*>(row);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) out[lane_ * kPerLane + i] = __float2half_rn(x[i] * up);
+      if (lane_ == 0) q_unscale()[r] = power_of_two(-shift);
     }
   }
 
@@ -227,9 +307,25 @@ class GqaDecodeCta {
       row_qpos_[h] = qpos;
       row_first_[h] = first;
       row_last_[h] = valid ? last : -1;  // an invalid row sees nothing
+      row_valid_[h] = valid;
       row_slope_[h] = p_.alibi_slopes != nullptr && valid ? p_.alibi_slopes[rc.head] : 0.f;
+      row_logit_scale_[h] = kScaledQ ? p_.scale * q_unscale()[r] : p_.scale;
     }
+    // The positions every valid row of the tile sees (the same 16 rows in every warp): a tile
+    // of keys inside them needs no mask.
+    int first = valid_first(0), last = valid_last(0);
+    first = max(first, valid_first(1));
+    last = min(last, valid_last(1));
+#pragma unroll
+    for (int offset = 16; offset >= 4; offset /= 2) {
+      first = max(first, __shfl_xor_sync(0xffffffffu, first, offset));
+      last = min(last, __shfl_xor_sync(0xffffffffu, last, offset));
+    }
+    all_first_ = first;
+    all_last_ = last;
   }
+  __device__ int valid_first(int h) const { return row_valid_[h] ? row_first_[h] : INT_MIN; }
+  __device__ int valid_last(int h) const { return row_valid_[h] ? row_last_[h] : INT_MAX; }
 
   __device__ void reset_state() {
 #pragma unroll
@@ -239,10 +335,11 @@ class GqaDecodeCta {
     }
     row_max_[0] = row_max_[1] = -INFINITY;
     row_sum_[0] = row_sum_[1] = 0.f;
+    v_exponent_ = kMinExponent;
   }
 
   // Step 3a: the cp.async loads of the tile of scheduled keys [k0, k0 + 64) into stage st,
-  // from the block ids in key_ids(st). Consecutive threads copy consecutive 16-byte chunks of a
+  // from the key locations staged for it. Consecutive threads copy consecutive 16-byte chunks of a
   // row, so a warp's copies cover whole 32-byte sectors and 128-byte lines (two threads per
   // row, half a row each, requested every sector twice and left the L2 busier than DRAM).
   // Thread tid < 64 writes key tid's K scale, tid >= 64 key tid - 64's V scale: 1 for 16-bit
@@ -251,36 +348,37 @@ class GqaDecodeCta {
   // rows that see it into NaN rows.
   __device__ void issue_tile(int k0, int st) {
     constexpr int kCopies = T::kKeys * T::kChunksPerRow / T::kThreads;  // per thread, per cache
-    const int32_t* ids = key_ids(st);
+    const GqaKeyLocation* locations = key_locations(st);
     const uint8_t* k_values = static_cast<const uint8_t*>(p_.k_cache.values);
     const uint8_t* v_values = static_cast<const uint8_t*>(p_.v_cache.values);
 #pragma unroll
     for (int m = 0; m < kCopies; ++m) {
       const int i = tid_ + m * T::kThreads;
       const int key = i / T::kChunksPerRow, chunk = i % T::kChunksPerRow;
-      int64_t block = 0;
-      int page_row = 0;
-      const bool ok = locate(start_ + k0 + key, ids[key], &block, &page_row);
-      const int64_t k_byte = ok ? p_.k_cache.row(block, page_row, hk_) * T::kCacheBytes + chunk * 16 : 0;
-      const int64_t v_byte = ok ? p_.v_cache.row(block, page_row, hk_) * T::kCacheBytes + chunk * 16 : 0;
+      const GqaKeyLocation loc = locations[key];
+      const bool ok = loc.block >= 0;
+      const int64_t v_row = same_layout_ ? loc.k_row : p_.v_cache.row(loc.block, loc.page_row, hk_);
+      const int64_t k_byte = ok ? loc.k_row * T::kCacheBytes + chunk * 16 : 0;
+      const int64_t v_byte = ok ? v_row * T::kCacheBytes + chunk * 16 : 0;
       const int dst = key * T::kRawPitch + chunk * 16;
       device::cp_async_16_or_zero(device::smem_address(stage_k(st) + dst), k_values + k_byte, ok);
       device::cp_async_16_or_zero(device::smem_address(stage_v(st) + dst), v_values + v_byte, ok);
     }
     const int key = tid_ % T::kKeys, half = tid_ / T::kKeys;
-    const int32_t id = ids[key];
-    int64_t block = 0;
-    int page_row = 0;
-    const bool ok = locate(start_ + k0 + key, id, &block, &page_row);
-    const GqaCacheView& cache = half == 0 ? p_.k_cache : p_.v_cache;
+    const GqaKeyLocation loc = locations[key];
     float* scale_dst = scales(st) + half * T::kKeys + key;
-    if (!ok) {
-      *scale_dst = id != kPastSegment && half == 0 ? NAN : 0.f;
+    if (loc.block < 0) {
+      *scale_dst = loc.block == kBadBlock && half == 0 ? NAN : 0.f;
     } else if constexpr (T::kQuantized) {
-      if (cache.scale_kind == GqaScaleKind::kPerToken) {
-        device::cp_async_4(device::smem_address(scale_dst), cache.scale + cache.scale_index(block, page_row, hk_));
+      // Field by field: a reference to one of the two cache parameters would copy both to
+      // the stack.
+      const GqaScaleKind kind = half == 0 ? p_.k_cache.scale_kind : p_.v_cache.scale_kind;
+      if (kind == GqaScaleKind::kPerToken) {
+        const float* scale = half == 0 ? p_.k_cache.scale + p_.k_cache.scale_index(loc.block, loc.page_row, hk_)
+                                       : p_.v_cache.scale + p_.v_cache.scale_index(loc.block, loc.page_row, hk_);
+        device::cp_async_4(device::smem_address(scale_dst), scale);
       } else {
-        *scale_dst = tensor_scale_[half];
+        *scale_dst = half == 0 ? tensor_scale_[0] : tensor_scale_[1];  // a run-time index would put the object on the stack
       }
     } else {
       *scale_dst = 1.f;
@@ -289,64 +387,54 @@ class GqaDecodeCta {
 
   // Step 3b: this warp's 16 keys of the tile in stage st.
   __device__ void compute_tile(int k0, int st) {
-    const Elem* k_tile;
-    const Elem* v_tile;
-    int pitch;
-    if constexpr (T::kQuantized) {
-      dequantize_warp_keys(st);
-      k_tile = dequant(0);
-      v_tile = dequant(1);
-      pitch = T::kElemPitch;
-    } else {
-      k_tile = reinterpret_cast<const Elem*>(stage_k(st)) + warp_ * T::kKeysPerWarp * (T::kRawPitch / 2);
-      v_tile = reinterpret_cast<const Elem*>(stage_v(st)) + warp_ * T::kKeysPerWarp * (T::kRawPitch / 2);
-      pitch = T::kRawPitch / 2;
-    }
+    const uint32_t k_tile = device::smem_address(stage_k(st) + warp_ * T::kKeysPerWarp * T::kRawPitch);
+    const uint32_t v_tile = device::smem_address(stage_v(st) + warp_ * T::kKeysPerWarp * T::kRawPitch);
     float s[2][4];
-    scores(k_tile, pitch, s);
+    scores(k_tile, s);
     const float* k_scale = scales(st) + warp_ * T::kKeysPerWarp;
     const float* v_scale = scales(st) + T::kKeys + warp_ * T::kKeysPerWarp;
     uint32_t p[4];
     softmax(k0 + warp_ * T::kKeysPerWarp, k_scale, v_scale, s, p);
-    accumulate(v_tile, pitch, p);
+    accumulate(v_tile, p);
   }
 
-  // Quantized caches: the warp's 16 K and 16 V rows, stored bytes -> Elem (exact, unscaled).
-  __device__ void dequantize_warp_keys(int st) {
-    constexpr int kChunks = 2 * T::kKeysPerWarp * T::kChunksPerRow;  // 16-byte chunks, K then V
-#pragma unroll
-    for (int i = lane_; i < kChunks; i += 32) {
-      const int which = i / (T::kKeysPerWarp * T::kChunksPerRow);
-      const int rest = i % (T::kKeysPerWarp * T::kChunksPerRow);
-      const int row = rest / T::kChunksPerRow, chunk = rest % T::kChunksPerRow;
-      const uint8_t* src = (which == 0 ? stage_k(st) : stage_v(st)) +
-                           (warp_ * T::kKeysPerWarp + row) * T::kRawPitch + chunk * 16;
-      uint4 a, b;
-      stored16_to_elem<Elem, CacheT>(*reinterpret_cast<const uint4*>(src), &a, &b);
-      Elem* dst = dequant(which) + row * T::kElemPitch + chunk * 16;
-      reinterpret_cast<uint4*>(dst)[0] = a;
-      reinterpret_cast<uint4*>(dst)[1] = b;
-    }
-    __syncwarp();
-  }
-
-  // S = Q K^T for 16 rows x 16 keys: two 16x8 accumulators (keys 0-7, 8-15).
-  __device__ void scores(const Elem* k_tile, int pitch, float (&s)[2][4]) {
+  // S = Q K^T for 16 rows x 16 keys: two 16x8 accumulators (keys 0-7, 8-15). Q by ldmatrix
+  // (rows lane % 8 + 8 (lane / 8 % 2), columns + 8 (lane / 16)).
+  __device__ void scores(uint32_t k_tile, float (&s)[2][4]) {
     device::MmaFragC c[2] = {};
     const uint32_t q_base = device::smem_address(q_smem());
-    const uint32_t k_base = device::smem_address(k_tile);
-    // ldmatrix rows: Q (rows lane % 8 + 8 (lane / 8 % 2), columns + 8 (lane / 16)); K (keys
-    // lane % 8 + 8 (lane / 16), columns + 8 (lane / 8 % 2)): A and the two n-tiles' B.
     const int q_row = lane_ % 8 + 8 * (lane_ / 8 % 2), q_col = 8 * (lane_ / 16);
-    const int k_row = lane_ % 8 + 8 * (lane_ / 16), k_col = 8 * (lane_ / 8 % 2);
+    if constexpr (T::kQuantized) {
+      // ldmatrix of the stored bytes: a matrix is 8 keys x 16 values, lane's register the
+      // values 4c..4c+3 of key g, converted exactly to the two B registers of one n-tile
+      // (Q's columns are stored to match, q_column). Matrices: keys 0-7 / 8-15 (lane / 8 % 2)
+      // of values kk.. / kk + 16.. (lane / 16).
+      const int k_row = lane_ % 8 + 8 * (lane_ / 8 % 2), k_byte = 16 * (lane_ / 16);
 #pragma unroll
-    for (int kk = 0; kk < D; kk += 16) {
-      uint32_t a[4], b[4];
-      device::ldmatrix_x4(a, q_base + ((q_row * T::kElemPitch + kk + q_col) * 2));
-      device::ldmatrix_x4(b, k_base + ((k_row * pitch + kk + k_col) * 2));
-      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      device::mma_m16n8k16(a, b0, c[0], Elem{});
-      device::mma_m16n8k16(a, b1, c[1], Elem{});
+      for (int kk = 0; kk < D; kk += 32) {
+        uint32_t a0[4], a1[4], b[4];
+        device::ldmatrix_x4(a0, q_base + ((q_row * T::kElemPitch + kk + q_col) * 2));
+        device::ldmatrix_x4(a1, q_base + ((q_row * T::kElemPitch + kk + 16 + q_col) * 2));
+        device::ldmatrix_x4(b, k_tile + k_row * T::kRawPitch + kk + k_byte);
+        const uint2 b0 = stored4_to_f16<CacheT>(b[0]), b1 = stored4_to_f16<CacheT>(b[1]);
+        const uint2 b2 = stored4_to_f16<CacheT>(b[2]), b3 = stored4_to_f16<CacheT>(b[3]);
+        device::mma_m16n8k16(a0, {b0.x, b0.y}, c[0], QkElem{});
+        device::mma_m16n8k16(a0, {b1.x, b1.y}, c[1], QkElem{});
+        device::mma_m16n8k16(a1, {b2.x, b2.y}, c[0], QkElem{});
+        device::mma_m16n8k16(a1, {b3.x, b3.y}, c[1], QkElem{});
+      }
+    } else {
+      // K by ldmatrix (keys lane % 8 + 8 (lane / 16), columns + 8 (lane / 8 % 2)): the two
+      // n-tiles' B fragments.
+      const int k_row = lane_ % 8 + 8 * (lane_ / 16), k_col = 8 * (lane_ / 8 % 2);
+#pragma unroll
+      for (int kk = 0; kk < D; kk += 16) {
+        uint32_t a[4], b[4];
+        device::ldmatrix_x4(a, q_base + ((q_row * T::kElemPitch + kk + q_col) * 2));
+        device::ldmatrix_x4(b, k_tile + (k_row * T::kRawPitch + (kk + k_col) * 2));
+        device::mma_m16n8k16(a, {b[0], b[1]}, c[0], Elem{});
+        device::mma_m16n8k16(a, {b[2], b[3]}, c[1], Elem{});
+      }
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -357,9 +445,34 @@ class GqaDecodeCta {
 
   // Logits (scale, key scale, soft-cap, ALiBi, visibility) in log2 units, the online softmax
   // update of rows g and g + 8, and P (times each key's value scale) as the A fragment of P V.
+  // Quantized caches: the value scales are divided by 2^(E - 127), E the largest biased
+  // exponent of any value scale the warp has seen, so that P x scale lies in [0, 2) and
+  // neither underflows nor overflows fp16 whatever the scales' magnitude; the output carries
+  // the factor 2^(E - 127) (applied at the merge) and is rescaled when E grows.
   __device__ void softmax(int k_warp0, const float* k_scale, const float* v_scale, float (&s)[2][4],
                           uint32_t (&p)[4]) {
     const int c = lane_ % 4;
+    float v_factor = 1.f, acc_factor = 1.f;
+    if constexpr (T::kQuantized) {
+      int e = kMinExponent;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) e = max(e, biased_exponent(v_scale[8 * j + 2 * c + i]));
+      }
+      e = max(e, __shfl_xor_sync(0xffffffffu, e, 1));
+      e = max(e, __shfl_xor_sync(0xffffffffu, e, 2));
+      e = min(e, kMaxExponent);
+      if (e > v_exponent_) {
+        acc_factor = power_of_two(v_exponent_ - e);
+        v_exponent_ = e;
+      }
+      v_factor = power_of_two(127 - v_exponent_);
+    }
+    // Every row sees every key of the warp's 16 (warp-uniform): no mask.
+    const int pos0 = start_ + k_warp0;
+    const bool unmasked =
+        k_warp0 + T::kKeysPerWarp <= key_end_ && pos0 >= all_first_ && pos0 + T::kKeysPerWarp - 1 <= all_last_;
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -367,58 +480,111 @@ class GqaDecodeCta {
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2, key = 8 * j + 2 * c + e % 2;
         const int k = k_warp0 + key, pos = start_ + k;
-        float x = s[j][e] * (p_.scale * k_scale[key]);
+        float x = s[j][e] * (row_logit_scale_[h] * k_scale[key]);
         if (p_.softcap > 0.f) x = p_.softcap * tanhf(x / p_.softcap);
-        x += row_slope_[h] * static_cast<float>(pos - row_qpos_[h]);
-        const bool visible = k < key_end_ && pos >= row_first_[h] && pos <= row_last_[h];
-        x = visible ? x * device::kLog2e : -INFINITY;
+        if (p_.alibi_slopes != nullptr) x += row_slope_[h] * static_cast<float>(pos - row_qpos_[h]);
+        x *= device::kLog2e;
+        if (!unmasked) {
+          const bool visible = k < key_end_ && pos >= row_first_[h] && pos <= row_last_[h];
+          x = visible ? x : -INFINITY;
+        }
         s[j][e] = x;
         tile_max[h] = fmaxf(tile_max[h], x);
       }
     }
+    float alpha[2], m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
       const float m_new = fmaxf(row_max_[h], tile_max[h]);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing seen yet: all weights 0
-      const float alpha = device::fast_exp2(row_max_[h] - m_use);
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // nothing seen yet: all weights 0
+      alpha[h] = device::fast_exp2(row_max_[h] - m_use[h]);
       row_max_[h] = m_new;
-      row_sum_[h] *= alpha;
+      row_sum_[h] *= alpha[h];
+    }
+    // The output is rescaled only when some row's maximum (or the value exponent) moved: after
+    // the first tiles, rarely.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f || acc_factor != 1.f)) {
 #pragma unroll
-      for (int n = 0; n < kValueTiles; ++n) {
-        acc_[n].d[2 * h] *= alpha;
-        acc_[n].d[2 * h + 1] *= alpha;
+      for (int h = 0; h < 2; ++h) {
+        const float f = alpha[h] * acc_factor;
+#pragma unroll
+        for (int n = 0; n < kValueTiles; ++n) {
+          acc_[n].d[2 * h] *= f;
+          acc_[n].d[2 * h + 1] *= f;
+        }
       }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          const float w = device::fast_exp2(s[j][e] - m_use);
+          const float w = device::fast_exp2(s[j][e] - m_use[h]);
           row_sum_[h] += w;
-          s[j][e] = w * v_scale[8 * j + 2 * c + e % 2];
+          s[j][e] = w * (v_scale[8 * j + 2 * c + e % 2] * v_factor);
         }
       }
     }
-    p[0] = Ops::pack(s[0][0], s[0][1]);
-    p[1] = Ops::pack(s[0][2], s[0][3]);
-    p[2] = Ops::pack(s[1][0], s[1][1]);
-    p[3] = Ops::pack(s[1][2], s[1][3]);
+    using PvOps = device::ElemOps<PvElem>;
+    p[0] = PvOps::pack(s[0][0], s[0][1]);
+    p[1] = PvOps::pack(s[0][2], s[0][3]);
+    p[2] = PvOps::pack(s[1][0], s[1][1]);
+    p[3] = PvOps::pack(s[1][2], s[1][3]);
   }
 
-  // O += P V over the warp's 16 keys: V's B fragments by ldmatrix.trans (keys lane % 8 +
-  // 8 (lane / 8 % 2), columns n + 8 (lane / 16)), two n-tiles per load.
-  __device__ void accumulate(const Elem* v_tile, int pitch, const uint32_t (&p)[4]) {
-    const uint32_t v_base = device::smem_address(v_tile);
-    const int v_row = lane_ % 8 + 8 * (lane_ / 8 % 2), v_col = 8 * (lane_ / 16);
+  // The value-scale exponent bookkeeping of softmax: biased float32 exponents, clamped so
+  // that 2^(127 - E) and 2^(E - 127) are normal floats (an infinite or NaN scale still
+  // reaches the output as such through the multiplication).
+  static constexpr int kMinExponent = 1, kMaxExponent = 253;
+  __device__ static int biased_exponent(float x) { return (__float_as_int(x) >> 23) & 0xff; }
+  __device__ static float power_of_two(int k) {  // 2^k for k in [-126, 127]; 0 below
+    return k < -126 ? 0.f : __int_as_float((k + 127) << 23);
+  }
+
+  // O += P V over the warp's 16 keys: V's B fragments by ldmatrix.trans (matrices: keys
+  // 0-7 / 8-15 by lane / 8 % 2, columns n.. / n + 8.. or, quantized, stored bytes n.. /
+  // n + 16.. by lane / 16), two n-tiles per load (quantized: four).
+  __device__ void accumulate(uint32_t v_tile, const uint32_t (&p)[4]) {
+    const int v_row = lane_ % 8 + 8 * (lane_ / 8 % 2);
+    if constexpr (T::kQuantized) {
+      // A 16-bit element of the transposed load is a pair of neighbouring values of one key:
+      // the lane's register holds values 2g, 2g + 1 of keys 2c, 2c + 1. Its bytes 0, 2 are
+      // the B fragment of the n-tile of even columns, bytes 1, 3 that of the odd ones:
+      // acc_[2q] holds columns 16q + 2n' (n' its tile column), acc_[2q + 1] 16q + 2n' + 1,
+      // so the lane's outputs are the columns 16q + 4c .. 16q + 4c + 3 (output_column).
+      const uint32_t base = v_tile + v_row * T::kRawPitch + 16 * (lane_ / 16);
 #pragma unroll
-    for (int n = 0; n < D; n += 16) {
-      uint32_t b[4];
-      device::ldmatrix_x4_trans(b, v_base + ((v_row * pitch + n + v_col) * 2));
-      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      device::mma_m16n8k16(p, b0, acc_[n / 8], Elem{});
-      device::mma_m16n8k16(p, b1, acc_[n / 8 + 1], Elem{});
+      for (int n = 0; n < D; n += 32) {
+        uint32_t b[4];
+        device::ldmatrix_x4_trans(b, base + n);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint2 lo = stored4_interleaved_to_f16<CacheT>(b[2 * half]);
+          const uint2 hi = stored4_interleaved_to_f16<CacheT>(b[2 * half + 1]);
+          const int q = n / 16 + half;
+          device::mma_m16n8k16(p, {lo.x, hi.x}, acc_[2 * q], __half{});
+          device::mma_m16n8k16(p, {lo.y, hi.y}, acc_[2 * q + 1], __half{});
+        }
+      }
+    } else {
+      const int v_col = 8 * (lane_ / 16);
+#pragma unroll
+      for (int n = 0; n < D; n += 16) {
+        uint32_t b[4];
+        device::ldmatrix_x4_trans(b, v_tile + (v_row * T::kRawPitch + (n + v_col) * 2));
+        device::mma_m16n8k16(p, {b[0], b[1]}, acc_[n / 8], Elem{});
+        device::mma_m16n8k16(p, {b[2], b[3]}, acc_[n / 8 + 1], Elem{});
+      }
     }
+  }
+
+  // The output column of acc_[n].d[e] (e = 0, 1; rows g and g + 8 alike) of lane c.
+  __device__ static int output_column(int n, int e, int c) {
+    if constexpr (T::kQuantized) return 16 * (n / 2) + 4 * c + 2 * e + n % 2;
+    return 8 * n + 2 * c + e;
   }
 
   // Step 4: merge the warps' (max, sum, output) per row and store.
@@ -437,11 +603,15 @@ class GqaDecodeCta {
       stat_sum()[warp_ * T::kRows + g + 8] = row_sum_[1];
     }
     float* mine = merge() + warp_ * T::kRows * D;
+    const float out_factor = T::kQuantized ? power_of_two(v_exponent_ - 127) : 1.f;  // see softmax
 #pragma unroll
     for (int n = 0; n < kValueTiles; ++n) {
-      const int col = 8 * n + 2 * c;
-      *reinterpret_cast<float2*>(mine + g * D + col) = make_float2(acc_[n].d[0], acc_[n].d[1]);
-      *reinterpret_cast<float2*>(mine + (g + 8) * D + col) = make_float2(acc_[n].d[2], acc_[n].d[3]);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = output_column(n, e, c);
+        mine[g * D + col] = acc_[n].d[e] * out_factor;
+        mine[(g + 8) * D + col] = acc_[n].d[2 + e] * out_factor;
+      }
     }
     __syncthreads();
 
@@ -490,14 +660,20 @@ class GqaDecodeCta {
   uint8_t* smem_;
   const int hk_, row0_, tid_, warp_, lane_;
   int rows_here_;
+  // K and V rows at the same offsets (the usual case): the V offset is the staged K one.
+  const bool same_layout_ = p_.k_cache.stride_block == p_.v_cache.stride_block &&
+                            p_.k_cache.stride_page == p_.v_cache.stride_page && p_.k_cache.stride_h == p_.v_cache.stride_h;
   float tensor_scale_[2] = {p_.k_cache.scale_kind == GqaScaleKind::kPerTensor ? p_.k_cache.scale[0] : 1.f,
                             p_.v_cache.scale_kind == GqaScaleKind::kPerTensor ? p_.v_cache.scale[0] : 1.f};
   // The segment.
   int seq_ = 0, L_ = 0, start_ = 0, key_end_ = 0;
   // Rows g and g + 8 of this thread's mma fragments.
   int row_qpos_[2], row_first_[2], row_last_[2];
-  float row_slope_[2];
+  bool row_valid_[2];  // a query row of the tile (not padding)
+  float row_slope_[2], row_logit_scale_[2];
+  int all_first_, all_last_;  // positions visible to every valid row
   float row_max_[2], row_sum_[2];
+  int v_exponent_;  // quantized caches: see softmax
   device::MmaFragC acc_[kValueTiles];
 };
 
