@@ -23,9 +23,12 @@ __device__ __forceinline__ void cp_async_16_or_zero(void* smem_dst, const void* 
 }
 
 // The same to a shared-memory address (cvta'd once by the caller, so a loop over chunks
-// keeps one 32-bit base instead of 64-bit generic pointers).
+// keeps one 32-bit base instead of 64-bit generic pointers), in the ignore-src form: the
+// predicate goes to the copy as it is, where a src-size operand costs a select per copy.
 __device__ __forceinline__ void cp_async_16_or_zero(uint32_t smem_dst, const void* gmem_src, bool copy) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(copy ? 16 : 0));
+  asm volatile(
+      "{ .reg .pred skip; setp.eq.u32 skip, %2, 0; cp.async.cg.shared.global [%0], [%1], 16, skip; }\n" ::"r"(smem_dst),
+      "l"(gmem_src), "r"(static_cast<uint32_t>(copy)));
 }
 
 // 4 bytes through L1 (cp.async.ca: .cg takes only 16); both addresses 4-byte aligned.

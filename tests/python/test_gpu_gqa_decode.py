@@ -161,6 +161,31 @@ def test_quantized_caches(kind):
         assert same_bits(again, out)
 
 
+@pytest.mark.parametrize("kind", ["int8", "fp8", "fp8_per_tensor"])
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_quantized_results_follow_their_scales_exactly_across_the_float_range(kind, q_dtype):
+    """The decode over a quantized cache is exact in the scales' exponents: value scales times
+    2^v give outputs times 2^v and key scales times 2^-40 with the softmax scale times 2^40
+    the same logits, bit for bit, although fp16 (the matrix units' type for these caches)
+    spans only 2^-24 .. 2^16; bf16 q times 2^-60 (softmax scale times 2^60) too, as bf16 rows
+    are scaled into fp16's range by a power of two. v = 60 with bf16 outputs, 10 with fp16
+    ones (their own range)."""
+    gen = generator(14)
+    q, k, v, table, seqlens = paged_case(gen, (900, 5, 2500), s_q=2, page=16, dtype=q_dtype)
+    kq, ks, vq, vs = _quantized(k, v, kind)
+    scale = 0.125
+    base, base_lse = mlakit.gqa_decode(q, kq, vq, table, seqlens, k_scale=ks, v_scale=vs, softmax_scale=scale,
+                                       causal=True, return_lse=True)
+    q_shift = 60 if q_dtype == torch.bfloat16 else 0  # fp16 q has no exponent range to give
+    v_shift = 60 if q_dtype == torch.bfloat16 else 10
+    out, lse = mlakit.gqa_decode(q * 2.0**-q_shift, kq, vq, table, seqlens, k_scale=ks * 2.0**-40,
+                                 v_scale=vs * 2.0**v_shift, softmax_scale=scale * 2.0 ** (40 + q_shift), causal=True,
+                                 return_lse=True)
+    assert torch.isfinite(base).all() and torch.isfinite(out).all()
+    assert torch.equal(out.float(), base.float() * 2.0**v_shift)
+    assert torch.equal(lse, base_lse)
+
+
 APPENDS = {
     # name: (cache kind, rope style, rotary_dim, dtype)
     "bf16_no_rope": ("same", None, 0, torch.bfloat16),

@@ -147,14 +147,14 @@ class GqaDecodeCta {
     row_limits();
 #pragma unroll
     for (int st = 0; st < T::kStages - 1; ++st) {
-      if (st < tiles) issue_tile(s.key_begin + st * T::kKeys, st);
+      if (st < tiles) issue_tile(st);
       device::cp_async_commit();
     }
     for (int it = 0; it < tiles; ++it) {
       device::cp_async_wait_groups_but<T::kStages - 2>();
       __syncthreads();  // tile `it` landed for every thread; tile it - 1's stage is free
       const int next = it + T::kStages - 1;
-      if (next < tiles) issue_tile(s.key_begin + next * T::kKeys, next % T::kStages);
+      if (next < tiles) issue_tile(next % T::kStages);
       device::cp_async_commit();
       // The locations of tile it + kStages (its slot is tile it's, whose copies were issued
       // kStages - 1 iterations ago): block ids loaded now, stored after the compute hid the
@@ -338,31 +338,20 @@ class GqaDecodeCta {
     v_exponent_ = kMinExponent;
   }
 
-  // Step 3a: the cp.async loads of the tile of scheduled keys [k0, k0 + 64) into stage st,
-  // from the key locations staged for it. Consecutive threads copy consecutive 16-byte chunks of a
+  // Step 3a: the cp.async loads of a tile of 64 keys into stage st, from the key locations
+  // staged for it. Consecutive threads copy consecutive 16-byte chunks of a
   // row, so a warp's copies cover whole 32-byte sectors and 128-byte lines (two threads per
   // row, half a row each, requested every sector twice and left the L2 busier than DRAM).
   // Thread tid < 64 writes key tid's K scale, tid >= 64 key tid - 64's V scale: 1 for 16-bit
   // caches, the stored per-token one, or the tensor's. Keys past the segment are zero rows with
   // scale 0; a key on a bad block is a zero row whose key scale is NaN, which turns exactly the
   // rows that see it into NaN rows.
-  __device__ void issue_tile(int k0, int st) {
-    constexpr int kCopies = T::kKeys * T::kChunksPerRow / T::kThreads;  // per thread, per cache
+  __device__ void issue_tile(int st) {
     const GqaKeyLocation* locations = key_locations(st);
-    const uint8_t* k_values = static_cast<const uint8_t*>(p_.k_cache.values);
-    const uint8_t* v_values = static_cast<const uint8_t*>(p_.v_cache.values);
-#pragma unroll
-    for (int m = 0; m < kCopies; ++m) {
-      const int i = tid_ + m * T::kThreads;
-      const int key = i / T::kChunksPerRow, chunk = i % T::kChunksPerRow;
-      const GqaKeyLocation loc = locations[key];
-      const bool ok = loc.block >= 0;
-      const int64_t v_row = same_layout_ ? loc.k_row : p_.v_cache.row(loc.block, loc.page_row, hk_);
-      const int64_t k_byte = ok ? loc.k_row * T::kCacheBytes + chunk * 16 : 0;
-      const int64_t v_byte = ok ? v_row * T::kCacheBytes + chunk * 16 : 0;
-      const int dst = key * T::kRawPitch + chunk * 16;
-      device::cp_async_16_or_zero(device::smem_address(stage_k(st) + dst), k_values + k_byte, ok);
-      device::cp_async_16_or_zero(device::smem_address(stage_v(st) + dst), v_values + v_byte, ok);
+    if (same_layout_) {
+      copy_rows<true>(locations, st);
+    } else {
+      copy_rows<false>(locations, st);
     }
     const int key = tid_ % T::kKeys, half = tid_ / T::kKeys;
     const GqaKeyLocation loc = locations[key];
@@ -382,6 +371,30 @@ class GqaDecodeCta {
       }
     } else {
       *scale_dst = 1.f;
+    }
+  }
+
+  // The K and V rows of the tile: thread t copies chunk t % kChunksPerRow of keys
+  // t / kChunksPerRow + m kKeyStep. A location that is not a key's has k_row 0, a valid
+  // address for the zero-filling copy.
+  template <bool kSameLayout>
+  __device__ void copy_rows(const GqaKeyLocation* locations, int st) {
+    static_assert(T::kThreads % T::kChunksPerRow == 0, "a thread's chunk is the same in every row it copies");
+    constexpr int kKeyStep = T::kThreads / T::kChunksPerRow;
+    constexpr int kCopies = T::kKeys / kKeyStep;  // per thread, per cache
+    const int chunk = tid_ % T::kChunksPerRow, key0 = tid_ / T::kChunksPerRow;
+    const uint8_t* k_src = static_cast<const uint8_t*>(p_.k_cache.values) + chunk * 16;
+    const uint8_t* v_src = static_cast<const uint8_t*>(p_.v_cache.values) + chunk * 16;
+    const uint32_t k_dst = device::smem_address(stage_k(st) + key0 * T::kRawPitch + chunk * 16);
+    const uint32_t v_dst = device::smem_address(stage_v(st) + key0 * T::kRawPitch + chunk * 16);
+#pragma unroll
+    for (int m = 0; m < kCopies; ++m) {
+      const GqaKeyLocation loc = locations[key0 + m * kKeyStep];
+      const bool ok = loc.block >= 0;
+      const int64_t v_row = kSameLayout ? loc.k_row : (ok ? p_.v_cache.row(loc.block, loc.page_row, hk_) : 0);
+      const uint32_t offset = m * kKeyStep * T::kRawPitch;
+      device::cp_async_16_or_zero(k_dst + offset, k_src + loc.k_row * T::kCacheBytes, ok);
+      device::cp_async_16_or_zero(v_dst + offset, v_src + v_row * T::kCacheBytes, ok);
     }
   }
 
@@ -452,14 +465,18 @@ class GqaDecodeCta {
   __device__ void softmax(int k_warp0, const float* k_scale, const float* v_scale, float (&s)[2][4],
                           uint32_t (&p)[4]) {
     const int c = lane_ % 4;
+    // The lane's keys are 8j + 2c + i (j, i = 0, 1): two float2 loads per scale.
+    float2 ks[2], vs[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      ks[j] = *reinterpret_cast<const float2*>(k_scale + 8 * j + 2 * c);
+      vs[j] = *reinterpret_cast<const float2*>(v_scale + 8 * j + 2 * c);
+    }
     float v_factor = 1.f, acc_factor = 1.f;
     if constexpr (T::kQuantized) {
       int e = kMinExponent;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) e = max(e, biased_exponent(v_scale[8 * j + 2 * c + i]));
-      }
+      for (int j = 0; j < 2; ++j) e = max(e, max(biased_exponent(vs[j].x), biased_exponent(vs[j].y)));
       e = max(e, __shfl_xor_sync(0xffffffffu, e, 1));
       e = max(e, __shfl_xor_sync(0xffffffffu, e, 2));
       e = min(e, kMaxExponent);
@@ -473,24 +490,51 @@ class GqaDecodeCta {
     const int pos0 = start_ + k_warp0;
     const bool unmasked =
         k_warp0 + T::kKeysPerWarp <= key_end_ && pos0 >= all_first_ && pos0 + T::kKeysPerWarp - 1 <= all_last_;
+    // Element (j, e) of the accumulators: row g + 8 (e / 2), key 8j + 2c + e % 2. The options
+    // are separate passes so that each is one warp-uniform branch, not one per element.
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= row_logit_scale_[e / 2] * (e % 2 == 0 ? ks[j].x : ks[j].y);
+    }
+    if (p_.softcap > 0.f) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = p_.softcap * tanhf(s[j][e] / p_.softcap);
+      }
+    }
+    if (p_.alibi_slopes != nullptr) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int pos = start_ + k_warp0 + 8 * j + 2 * c + e % 2;
+          s[j][e] += row_slope_[e / 2] * static_cast<float>(pos - row_qpos_[e / 2]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= device::kLog2e;
+    }
+    if (!unmasked) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2, k = k_warp0 + 8 * j + 2 * c + e % 2, pos = start_ + k;
+          const bool visible = k < key_end_ && pos >= row_first_[h] && pos <= row_last_[h];
+          s[j][e] = visible ? s[j][e] : -INFINITY;
+        }
+      }
+    }
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2, key = 8 * j + 2 * c + e % 2;
-        const int k = k_warp0 + key, pos = start_ + k;
-        float x = s[j][e] * (row_logit_scale_[h] * k_scale[key]);
-        if (p_.softcap > 0.f) x = p_.softcap * tanhf(x / p_.softcap);
-        if (p_.alibi_slopes != nullptr) x += row_slope_[h] * static_cast<float>(pos - row_qpos_[h]);
-        x *= device::kLog2e;
-        if (!unmasked) {
-          const bool visible = k < key_end_ && pos >= row_first_[h] && pos <= row_last_[h];
-          x = visible ? x : -INFINITY;
-        }
-        s[j][e] = x;
-        tile_max[h] = fmaxf(tile_max[h], x);
-      }
+      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
     }
     float alpha[2], m_use[2];
 #pragma unroll
@@ -524,7 +568,7 @@ class GqaDecodeCta {
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
           const float w = device::fast_exp2(s[j][e] - m_use[h]);
           row_sum_[h] += w;
-          s[j][e] = w * (v_scale[8 * j + 2 * c + e % 2] * v_factor);
+          s[j][e] = w * ((e % 2 == 0 ? vs[j].x : vs[j].y) * v_factor);
         }
       }
     }
