@@ -169,7 +169,7 @@ def test_quantized_results_follow_their_scales_exactly_across_the_float_range(ki
     the same logits, bit for bit, although fp16 (the matrix units' type for these caches)
     spans only 2^-24 .. 2^16; bf16 q times 2^-60 (softmax scale times 2^60) too, as bf16 rows
     are scaled into fp16's range by a power of two. v = 60 with bf16 outputs, 10 with fp16
-    ones (their own range)."""
+    ones (their own range; and only the outputs that are normal fp16 numbers both times)."""
     gen = generator(14)
     q, k, v, table, seqlens = paged_case(gen, (900, 5, 2500), s_q=2, page=16, dtype=q_dtype)
     kq, ks, vq, vs = _quantized(k, v, kind)
@@ -182,7 +182,10 @@ def test_quantized_results_follow_their_scales_exactly_across_the_float_range(ki
                                  v_scale=vs * 2.0**v_shift, softmax_scale=scale * 2.0 ** (40 + q_shift), causal=True,
                                  return_lse=True)
     assert torch.isfinite(base).all() and torch.isfinite(out).all()
-    assert torch.equal(out.float(), base.float() * 2.0**v_shift)
+    # fp16 outputs below 2^-14 are subnormal, rounded on a coarser grid than their 2^10 multiples.
+    normal = base.float().abs() >= (2.0**-14 if q_dtype == torch.float16 else 0.0)
+    assert normal.float().mean() > 0.9
+    assert torch.equal(out.float()[normal], base.float()[normal] * 2.0**v_shift)
     assert torch.equal(lse, base_lse)
 
 
