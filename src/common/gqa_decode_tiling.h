@@ -19,11 +19,12 @@ inline constexpr int kKeysPerWarp = kKeys / kWarps;
 inline constexpr int kOverheadBlocks = 2;  // a segment's fixed cost (Q load, store, pipeline fill)
 inline constexpr int kSmemTargetBytes = 112 * 1024;
 
-// One cached row of d values, padded by 16 bytes (rows of a tile then start 16 bytes apart
-// modulo 128: conflict-free ldmatrix / 16-byte accesses).
-constexpr int raw_pitch(int cache_bytes, int d) { return d * cache_bytes + 16; }
+// One cached row of d values, unpadded: the kernel swizzles a tile's 16-byte chunks within
+// their 128-byte lines instead (GqaDecodeTile::line_address), so that a row's bytes keep
+// their global alignment in shared memory.
+constexpr int row_bytes(int cache_bytes, int d) { return d * cache_bytes; }
 constexpr int elem_pitch(int d) { return d + 8; }  // 16-bit elements: the Q rows
-constexpr int stage_bytes(int cache_bytes, int d) { return 2 * kKeys * raw_pitch(cache_bytes, d); }
+constexpr int stage_bytes(int cache_bytes, int d) { return 2 * kKeys * row_bytes(cache_bytes, d); }
 // Per stage: the K and V tiles, their 64 + 64 float scales and the 64 keys' locations (the
 // kernel's GqaKeyLocation: K row offset, block, row in the page).
 inline constexpr int kKeyLocationBytes = 16;

@@ -49,7 +49,7 @@ struct GqaDecodeTile {
   static constexpr int kThreads = gqa_tiling::kThreads;
   static constexpr int kKeysPerWarp = gqa_tiling::kKeysPerWarp;
   static constexpr int kStages = gqa_tiling::stage_count(kCacheBytes, D);
-  static constexpr int kRawPitch = gqa_tiling::raw_pitch(kCacheBytes, D);  // bytes
+  static constexpr int kRowBytes = gqa_tiling::row_bytes(kCacheBytes, D);
   static constexpr int kElemPitch = gqa_tiling::elem_pitch(D);             // elements
   static constexpr int kChunksPerRow = D * kCacheBytes / 16;
   static constexpr int kSmemBytes = gqa_tiling::smem_bytes(kCacheBytes, D);
@@ -57,6 +57,23 @@ struct GqaDecodeTile {
   static_assert(kKeys * kChunksPerRow % kThreads == 0, "whole chunks per thread");
   static_assert(kStages * gqa_tiling::stage_bytes(kCacheBytes, D) >= gqa_tiling::merge_bytes(D),
                 "the merge buffer is aliased on the stages");
+  static_assert(kRowBytes % 64 == 0 && kKeysPerWarp * kRowBytes % 1024 == 0,
+                "a warp's rows, the V tile and every stage start where the swizzle starts over");
+
+  // A K or V tile in shared memory: byte b of row r at tile offset swizzled(r kRowBytes + b),
+  // the 16-byte chunks of every 128-byte line XOR-permuted by the line's index modulo 8. The 8
+  // rows of one ldmatrix matrix (consecutive keys, the same columns) then fall in 8 different
+  // bank groups with no padding, and every 128-byte line of a row stays whole: a quarter warp's
+  // cp.async of one global line writes one shared line. (Rows padded by 16 bytes broke that
+  // alignment, and the L2 saw 1.5 sector requests per sector of K and V.)
+  __device__ static uint32_t swizzled(uint32_t offset) { return offset ^ ((offset >> 3) & 0x70); }
+  // The address of byte line_byte + in_line of `row` in the tile at `tile` (128-byte aligned;
+  // line_byte a multiple of 128, in_line a multiple of 16 below min(128, kRowBytes)) is
+  // line_address(tile, row, line_byte) ^ in_line: in a loop unrolled over columns the line
+  // address is computed once per lane and line, the in-line part is an immediate.
+  __device__ static uint32_t line_address(uint32_t tile, int row, int line_byte) {
+    return tile + swizzled(static_cast<uint32_t>(row * kRowBytes + line_byte));
+  }
 
   // Shared-memory layout, byte offsets.
   static constexpr int kStageBytes = gqa_tiling::stage_bytes(kCacheBytes, D);
@@ -109,7 +126,7 @@ class GqaDecodeCta {
  private:
   // ---- shared memory -----------------------------------------------------------------------
   __device__ uint8_t* stage_k(int st) const { return smem_ + st * T::kStageBytes; }
-  __device__ uint8_t* stage_v(int st) const { return stage_k(st) + T::kKeys * T::kRawPitch; }
+  __device__ uint8_t* stage_v(int st) const { return stage_k(st) + T::kKeys * T::kRowBytes; }
   __device__ float* scales(int st) const { return reinterpret_cast<float*>(smem_ + T::kScalesOffset) + st * 2 * T::kKeys; }
   __device__ GqaKeyLocation* key_locations(int st) const {
     return reinterpret_cast<GqaKeyLocation*>(smem_ + T::kLocationsOffset) + st * T::kKeys;
@@ -385,14 +402,16 @@ class GqaDecodeCta {
     const int chunk = tid_ % T::kChunksPerRow, key0 = tid_ / T::kChunksPerRow;
     const uint8_t* k_src = static_cast<const uint8_t*>(p_.k_cache.values) + chunk * 16;
     const uint8_t* v_src = static_cast<const uint8_t*>(p_.v_cache.values) + chunk * 16;
-    const uint32_t k_dst = device::smem_address(stage_k(st) + key0 * T::kRawPitch + chunk * 16);
-    const uint32_t v_dst = device::smem_address(stage_v(st) + key0 * T::kRawPitch + chunk * 16);
+    static_assert(kKeyStep * T::kRowBytes % 1024 == 0, "a thread's chunk has the same swizzle in every row it copies");
+    const uint32_t dst = T::swizzled(key0 * T::kRowBytes + chunk * 16);
+    const uint32_t k_dst = device::smem_address(stage_k(st)) + dst;
+    const uint32_t v_dst = device::smem_address(stage_v(st)) + dst;
 #pragma unroll
     for (int m = 0; m < kCopies; ++m) {
       const GqaKeyLocation loc = locations[key0 + m * kKeyStep];
       const bool ok = loc.block >= 0;
       const int64_t v_row = kSameLayout ? loc.k_row : (ok ? p_.v_cache.row(loc.block, loc.page_row, hk_) : 0);
-      const uint32_t offset = m * kKeyStep * T::kRawPitch;
+      const uint32_t offset = m * kKeyStep * T::kRowBytes;
       device::cp_async_16_or_zero(k_dst + offset, k_src + loc.k_row * T::kCacheBytes, ok);
       device::cp_async_16_or_zero(v_dst + offset, v_src + v_row * T::kCacheBytes, ok);
     }
@@ -400,8 +419,8 @@ class GqaDecodeCta {
 
   // Step 3b: this warp's 16 keys of the tile in stage st.
   __device__ void compute_tile(int k0, int st) {
-    const uint32_t k_tile = device::smem_address(stage_k(st) + warp_ * T::kKeysPerWarp * T::kRawPitch);
-    const uint32_t v_tile = device::smem_address(stage_v(st) + warp_ * T::kKeysPerWarp * T::kRawPitch);
+    const uint32_t k_tile = device::smem_address(stage_k(st) + warp_ * T::kKeysPerWarp * T::kRowBytes);
+    const uint32_t v_tile = device::smem_address(stage_v(st) + warp_ * T::kKeysPerWarp * T::kRowBytes);
     float s[2][4];
     scores(k_tile, s);
     const float* k_scale = scales(st) + warp_ * T::kKeysPerWarp;
@@ -428,7 +447,7 @@ class GqaDecodeCta {
         uint32_t a0[4], a1[4], b[4];
         device::ldmatrix_x4(a0, q_base + ((q_row * T::kElemPitch + kk + q_col) * 2));
         device::ldmatrix_x4(a1, q_base + ((q_row * T::kElemPitch + kk + 16 + q_col) * 2));
-        device::ldmatrix_x4(b, k_tile + k_row * T::kRawPitch + kk + k_byte);
+        device::ldmatrix_x4(b, (T::line_address(k_tile, k_row, kk & ~127) ^ k_byte) ^ (kk & 127));
         const uint2 b0 = stored4_to_f16<CacheT>(b[0]), b1 = stored4_to_f16<CacheT>(b[1]);
         const uint2 b2 = stored4_to_f16<CacheT>(b[2]), b3 = stored4_to_f16<CacheT>(b[3]);
         device::mma_m16n8k16(a0, {b0.x, b0.y}, c[0], QkElem{});
@@ -439,12 +458,12 @@ class GqaDecodeCta {
     } else {
       // K by ldmatrix (keys lane % 8 + 8 (lane / 16), columns + 8 (lane / 8 % 2)): the two
       // n-tiles' B fragments.
-      const int k_row = lane_ % 8 + 8 * (lane_ / 16), k_col = 8 * (lane_ / 8 % 2);
+      const int k_row = lane_ % 8 + 8 * (lane_ / 16), k_col_byte = 16 * (lane_ / 8 % 2);
 #pragma unroll
       for (int kk = 0; kk < D; kk += 16) {
         uint32_t a[4], b[4];
         device::ldmatrix_x4(a, q_base + ((q_row * T::kElemPitch + kk + q_col) * 2));
-        device::ldmatrix_x4(b, k_tile + (k_row * T::kRawPitch + (kk + k_col) * 2));
+        device::ldmatrix_x4(b, (T::line_address(k_tile, k_row, 2 * kk & ~127) ^ k_col_byte) ^ (2 * kk & 127));
         device::mma_m16n8k16(a, {b[0], b[1]}, c[0], Elem{});
         device::mma_m16n8k16(a, {b[2], b[3]}, c[1], Elem{});
       }
@@ -599,11 +618,11 @@ class GqaDecodeCta {
       // the B fragment of the n-tile of even columns, bytes 1, 3 that of the odd ones:
       // acc_[2q] holds columns 16q + 2n' (n' its tile column), acc_[2q + 1] 16q + 2n' + 1,
       // so the lane's outputs are the columns 16q + 4c .. 16q + 4c + 3 (output_column).
-      const uint32_t base = v_tile + v_row * T::kRawPitch + 16 * (lane_ / 16);
+      const int v_byte = 16 * (lane_ / 16);
 #pragma unroll
       for (int n = 0; n < D; n += 32) {
         uint32_t b[4];
-        device::ldmatrix_x4_trans(b, base + n);
+        device::ldmatrix_x4_trans(b, (T::line_address(v_tile, v_row, n & ~127) ^ v_byte) ^ (n & 127));
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const uint2 lo = stored4_interleaved_to_f16<CacheT>(b[2 * half]);
@@ -614,11 +633,11 @@ class GqaDecodeCta {
         }
       }
     } else {
-      const int v_col = 8 * (lane_ / 16);
+      const int v_col_byte = 16 * (lane_ / 16);
 #pragma unroll
       for (int n = 0; n < D; n += 16) {
         uint32_t b[4];
-        device::ldmatrix_x4_trans(b, v_tile + (v_row * T::kRawPitch + (n + v_col) * 2));
+        device::ldmatrix_x4_trans(b, (T::line_address(v_tile, v_row, 2 * n & ~127) ^ v_col_byte) ^ (2 * n & 127));
         device::mma_m16n8k16(p, {b[0], b[1]}, acc_[n / 8], Elem{});
         device::mma_m16n8k16(p, {b[2], b[3]}, acc_[n / 8 + 1], Elem{});
       }
