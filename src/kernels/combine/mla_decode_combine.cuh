@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "device/numeric.cuh"
 #include "kernels/attention_rows.cuh"
@@ -36,6 +37,22 @@ struct CombineRow {
   static constexpr int kChunks = kDv / (32 * kVec);  // per lane
   static constexpr int kValuesPerLane = kDv / 32;
   static_assert(kDv % (32 * kVec) == 0, "d_v: a multiple of 64");
+  using Chunk = std::conditional_t<kVec == 4, float4, float2>;
+  // Splits merged per load round: 16 loads in flight per lane at d_v 64 / 128, 2 splits for
+  // the longer rows (4 per round at d_v 256 made ptxas spill).
+  static constexpr int kUnroll = kChunks == 1 ? 16 : 2;
+  static_assert(32 % kUnroll == 0, "a round never crosses a group of 32 splits");
+  __device__ static void add(float* acc, float w, const Chunk& x) {
+    if constexpr (kVec == 4) {
+      acc[0] += w * x.x;
+      acc[1] += w * x.y;
+      acc[2] += w * x.z;
+      acc[3] += w * x.w;
+    } else {
+      acc[0] += w * x.x;
+      acc[1] += w * x.y;
+    }
+  }
 };
 
 __device__ __forceinline__ float warp_max(float x) {
@@ -87,25 +104,35 @@ __global__ void __launch_bounds__(CombineConfig::kThreads)
     float acc[R::kValuesPerLane] = {};
     const bool empty = max_lse == -INFINITY;  // also true for splits == 0
     if (!empty && !has_nan) {
-      for (int s = 0; s < splits; ++s) {
-        float v = lse_of(s);
-        if (!isfinite(v)) continue;
-        const float w = exp2f(v - max_lse) / sum;
-        const float* src =
-            schedule.partial_out + ((static_cast<int64_t>(slot0 + s) * p.h_kv + hk) * p.rows + row) * kDv;
+      // Lane l holds the LSE of split s0 + l; the splits are summed in order, kUnroll at a
+      // time with their loads issued together (one split per load round left a sequence
+      // with 33 splits latency-bound: 22 us for its 32 rows).
+      for (int s0 = 0; s0 < splits; s0 += 32) {
+        const int n = min(32, splits - s0);
+        const float lane_lse = lane < n ? lse_of(s0 + lane) : -INFINITY;
+        for (int u0 = 0; u0 < n; u0 += R::kUnroll) {
+          float w[R::kUnroll];
+          uint32_t use = 0;  // bit u: split u0 + u in range with a finite LSE (an empty one adds nothing)
+          typename R::Chunk x[R::kUnroll][R::kChunks];
 #pragma unroll
-        for (int i = 0; i < R::kChunks; ++i) {
-          const float* chunk = src + 32 * R::kVec * i + R::kVec * lane;
-          if constexpr (R::kVec == 4) {
-            const float4 x = *reinterpret_cast<const float4*>(chunk);
-            acc[4 * i + 0] += w * x.x;
-            acc[4 * i + 1] += w * x.y;
-            acc[4 * i + 2] += w * x.z;
-            acc[4 * i + 3] += w * x.w;
-          } else {
-            const float2 x = *reinterpret_cast<const float2*>(chunk);
-            acc[2 * i + 0] += w * x.x;
-            acc[2 * i + 1] += w * x.y;
+          for (int u = 0; u < R::kUnroll; ++u) {
+            const float v = __shfl_sync(0xffffffffu, lane_lse, u0 + u);  // u0 + u < 32: kUnroll divides 32
+            const bool used = u0 + u < n && isfinite(v);
+            use |= static_cast<uint32_t>(used) << u;
+            w[u] = used ? exp2f(v - max_lse) / sum : 0.f;
+            const float* src =
+                schedule.partial_out + ((static_cast<int64_t>(slot0 + s0 + u0 + u) * p.h_kv + hk) * p.rows + row) * kDv;
+#pragma unroll
+            for (int i = 0; i < R::kChunks; ++i) {
+              x[u][i] = used ? *reinterpret_cast<const typename R::Chunk*>(src + 32 * R::kVec * i + R::kVec * lane)
+                            : typename R::Chunk{};
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < R::kUnroll; ++u) {
+            if ((use >> u & 1u) == 0) continue;
+#pragma unroll
+            for (int i = 0; i < R::kChunks; ++i) R::add(acc + R::kVec * i, w[u], x[u][i]);
           }
         }
       }
