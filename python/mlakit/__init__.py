@@ -10,10 +10,13 @@ the library's checks), naming the function, the argument, the expected and the a
 Empty inputs (b, s_q or h_q of 0) give empty outputs.
 
 NumPy has no bfloat16: pass ``ml_dtypes.bfloat16`` arrays, or uint16 arrays of bfloat16 bit
-patterns. ``mlakit.flash_mla`` is a drop-in for FlashMLA's Python API.
+patterns. ``mlakit.flash_mla`` is a drop-in for FlashMLA's Python API; ``mlakit.torch_ops``
+registers the operations as PyTorch custom ops (``torch.ops.mlakit.*``) for ``torch.compile``.
 """
 
 from __future__ import annotations
+
+import sys as _sys
 
 from ._decode import MlaDecodePlan, mla_decode, mla_decode_plan
 from ._fp8_cache import append_fp8_cache, dequantize_fp8_cache, quantize_fp8_cache
@@ -21,6 +24,9 @@ from ._gqa_cache import dequantize_gqa_cache, gqa_cache_append, quantize_gqa_cac
 from ._gqa_decode import GqaDecodePlan, gqa_decode, gqa_decode_plan
 from ._sparse_decode import mla_sparse_decode, mla_sparse_decode_plan
 from ._sparse_prefill import mla_sparse_prefill
+
+if "torch" in _sys.modules:  # register torch.ops.mlakit.* (import mlakit.torch_ops to do it later)
+    from . import torch_ops  # noqa: F401
 
 __all__ = [
     "MlaDecodePlan",

@@ -193,6 +193,18 @@ def flash_mla_with_kvcache(
     with arrays.device_scope(q):
         schedule = _schedule(tile_scheduler_metadata, q, k_cache, cache_seqlens, indices, topk_length)
         plan = schedule.plan_for(q, None if indices is None else int(indices.shape[-1]), topk_length is not None)
+        if arrays.framework(q) == "torch":  # through torch.ops.mlakit (mlakit.torch_ops), as compiled models call it
+            import torch
+
+            from . import torch_ops  # noqa: F401  (registers the ops)
+
+            if sparse:
+                return torch.ops.mlakit.mla_sparse_decode(
+                    q, k_cache, indices, topk_length, attn_sink, schedule.workspace, plan.fields(), softmax_scale
+                )
+            return torch.ops.mlakit.mla_decode(
+                q, k_cache, block_table, cache_seqlens, schedule.workspace, plan.fields(), softmax_scale, causal
+            )
         b, s_q, h_q = int(q.shape[0]), int(q.shape[1]), int(q.shape[2])
         out = arrays.empty(q, (b, s_q, h_q, D_V))
         lse = arrays.empty(q, (b, h_q, s_q), "float32")

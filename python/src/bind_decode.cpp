@@ -6,6 +6,7 @@
 
 #include "arrays.h"
 #include "bindings.h"
+#include "plan_fields.h"
 #include "mlakit/mla_decode.h"
 #include "mlakit/reference.h"
 
@@ -73,11 +74,17 @@ void bind_decode(nb::module_& m) {
       .def_ro("no_splits", &MlaDecodePlan::no_splits,
               "True when every sequence lies whole in one part (no combine): sparse plans without topk_length")
       .def_ro("device", &MlaDecodePlan::device, "CUDA device ordinal; -1 for a host plan")
+      .def_ro("sparse_topk", &MlaDecodePlan::sparse_topk, "sparse decode plans: the topk they were made for; 0: dense")
       .def_prop_ro("kernel",
                    [](const MlaDecodePlan& p) {
                      if (p.device < 0) return std::string("reference");
                      return p.kernel == MlaKernel::kSm90 ? std::string("sm90") : std::string("portable");
                    })
+      .def("fields", &plan_fields<MlaDecodePlan>,
+           "The plan as a list of integers (python/src/plan_fields.h), without its workspace: with the "
+           "workspace array, from_fields rebuilds it (PyTorch custom ops pass plans this way).")
+      .def_static("from_fields", &plan_from_fields<MlaDecodePlan>, nb::arg("fields"), nb::arg("workspace"),
+                  "The plan of fields() in `workspace` (its size and device checked against the plan's).")
       .def("with_query_shape", &with_query_shape, nb::arg("s_q"), nb::arg("h_q"),
            "The same plan for q of s_q tokens and h_q heads, with s_q * h_q / h_kv equal to the plan's.");
 

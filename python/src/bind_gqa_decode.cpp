@@ -13,6 +13,7 @@
 
 #include "arrays.h"
 #include "bindings.h"
+#include "plan_fields.h"
 #include "mlakit/gqa_cache.h"
 #include "mlakit/gqa_decode.h"
 
@@ -158,6 +159,11 @@ void bind_gqa_decode(nb::module_& m) {
       .def_ro("part_ranges_offset", &GqaDecodePlan::part_ranges_offset)
       .def_ro("split_prefix_offset", &GqaDecodePlan::split_prefix_offset)
       .def_ro("partial_slots", &GqaDecodePlan::partial_slots)
+      .def("fields", &plan_fields<GqaDecodePlan>,
+           "The plan as a list of integers (python/src/plan_fields.h), without its workspace: with the "
+           "workspace array, from_fields rebuilds it (PyTorch custom ops pass plans this way).")
+      .def_static("from_fields", &plan_from_fields<GqaDecodePlan>, nb::arg("fields"), nb::arg("workspace"),
+                  "The plan of fields() in `workspace` (its size and device checked against the plan's).")
       .def_prop_ro("kernel", [](const GqaDecodePlan& p) { return std::string(p.device < 0 ? "reference" : "gpu"); })
       .def("__repr__", [](const GqaDecodePlan& p) {
         const GqaDecodeProblem& q = p.problem;

@@ -1,0 +1,389 @@
+"""mlakit's operations as PyTorch custom ops, ``torch.ops.mlakit.*``: what ``torch.compile``
+(``fullgraph=True``) and CUDA graphs take without a graph break.
+
+Importing this module registers the ops (``import mlakit`` does it when PyTorch was imported
+first; PyTorch stays optional: nothing here is imported without it). Each op calls the
+package's own function, so arguments, checks, errors and results are those of ``mlakit.*``
+(docs/python.md); each has a fake implementation that gives output shapes and dtypes without
+running anything, and declares the tensors it writes.
+
+A plan crosses an op as its workspace tensor and ``fields``, the plan as a list of integers
+(``MlaDecodePlan.fields()`` / ``GqaDecodePlan.fields()``): the plan functions below return
+``(workspace, fields)``. Make a plan once (outside the compiled or captured region: it
+allocates the workspace), then per step re-run the schedule into the same workspace with the
+``*_schedule`` op, inside the graph, for the step's new lengths; the fields depend on the
+shapes only.
+
+Ops (arguments as in the ``mlakit`` function of the same name):
+
+- ``mla_decode(q, kv_cache, block_table, cache_seqlens, workspace, fields, softmax_scale,
+  causal) -> (out, lse)``; ``mla_decode_schedule(cache_seqlens, workspace!, fields)``
+- ``mla_sparse_decode(q, kv_cache, indices, topk_length, attn_sink, workspace, fields,
+  softmax_scale) -> (out, lse)``; ``mla_sparse_decode_schedule(topk_length, workspace!,
+  fields, s_q)``
+- ``mla_sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base) ->
+  (out, max_logits, lse)``
+- ``gqa_decode(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, ...) ->
+  (out, lse)``; ``gqa_decode_append(..., k_new, v_new, ...)``, the same with this step's keys
+  and values written into ``k_cache!``, ``v_cache!`` (and per-token scales!) first;
+  ``gqa_decode_schedule(cache_seqlens, workspace!, fields)``
+- ``quantize_fp8_cache``, ``dequantize_fp8_cache``, ``append_fp8_cache(tokens, slots,
+  cache!)``; ``quantize_gqa_cache``, ``dequantize_gqa_cache``, ``gqa_cache_append(...,
+  k_cache!, v_cache!, ...)``
+
+``!``: written in place. The decodes also write the partial results of split sequences into
+the workspace (declared: layers sharing a plan stay in order). ``lse`` is always returned.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _decode, _fp8_cache, _gqa_cache, _gqa_decode, _sparse_decode, _sparse_prefill
+from . import _mlakit as _C
+
+__all__ = ["mla_decode_plan", "mla_sparse_decode_plan", "gqa_decode_plan"]
+
+_NS = "mlakit"
+_FP8_TOKEN_BYTES = 656
+_MLA_D_QK = 576
+
+
+# ---- plans as (workspace, fields) ----------------------------------------------------------
+
+
+def mla_decode_plan(
+    cache_seqlens: Tensor, s_q: int, h_q: int, h_kv: int = 1, kernel: str = "auto"
+) -> Tuple[Tensor, List[int]]:
+    """:func:`mlakit.mla_decode_plan` as ``(workspace, fields)`` for the ops."""
+    workspace, plan = _decode.mla_decode_plan(cache_seqlens, s_q, h_q, h_kv, kernel)
+    return workspace, list(plan.fields())
+
+
+def mla_sparse_decode_plan(
+    b: int, s_q: int, h_q: int, topk: int, like: Tensor, topk_length: Optional[Tensor] = None
+) -> Tuple[Tensor, List[int]]:
+    """:func:`mlakit.mla_sparse_decode_plan` as ``(workspace, fields)`` for the ops."""
+    workspace, plan = _sparse_decode.mla_sparse_decode_plan(b, s_q, h_q, topk, like, topk_length)
+    return workspace, list(plan.fields())
+
+
+def gqa_decode_plan(
+    cache_seqlens: Tensor, s_q: int, h_q: int, h_kv: int, d: int, causal: bool = False, window: int = 0
+) -> Tuple[Tensor, List[int]]:
+    """:func:`mlakit.gqa_decode_plan` as ``(workspace, fields)`` for the ops."""
+    workspace, plan = _gqa_decode.gqa_decode_plan(cache_seqlens, s_q, h_q, h_kv, d, causal, window)
+    return workspace, list(plan.fields())
+
+
+def _mla_plan(workspace: Tensor, fields: List[int]) -> Tuple[Tensor, _C.MlaDecodePlan]:
+    return workspace, _C.MlaDecodePlan.from_fields(fields, workspace)
+
+
+def _gqa_plan(workspace: Tensor, fields: List[int]) -> Tuple[Tensor, _C.GqaDecodePlan]:
+    return workspace, _C.GqaDecodePlan.from_fields(fields, workspace)
+
+
+def _stream(like: Tensor) -> int:
+    return torch.cuda.current_stream(like.device).cuda_stream
+
+
+# ---- dense MLA decode ----------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_NS}::mla_decode", mutates_args=("workspace",))
+def _mla_decode(
+    q: Tensor,
+    kv_cache: Tensor,
+    block_table: Tensor,
+    cache_seqlens: Tensor,
+    workspace: Tensor,
+    fields: List[int],
+    softmax_scale: Optional[float],
+    causal: bool,
+) -> Tuple[Tensor, Tensor]:
+    return _decode.mla_decode(
+        q, kv_cache, block_table, cache_seqlens, softmax_scale, causal, plan=_mla_plan(workspace, fields)
+    )
+
+
+@_mla_decode.register_fake
+def _(q, kv_cache, block_table, cache_seqlens, workspace, fields, softmax_scale, causal):
+    b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
+    return q.new_empty((b, s_q, h_q, _decode.D_V)), q.new_empty((b, h_q, s_q), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_NS}::mla_decode_schedule", mutates_args=("workspace",))
+def _mla_decode_schedule(cache_seqlens: Tensor, workspace: Tensor, fields: List[int]) -> None:
+    plan = _C.MlaDecodePlan.from_fields(fields, workspace)
+    if plan.device < 0:
+        return  # a host plan has no schedule
+    with torch.cuda.device(cache_seqlens.device):
+        _C.mla_decode_plan(
+            plan.b, plan.s_q, plan.h_q, plan.h_kv, cache_seqlens, workspace, _stream(cache_seqlens), plan.kernel
+        )
+
+
+@_mla_decode_schedule.register_fake
+def _(cache_seqlens, workspace, fields):
+    return None
+
+
+# ---- sparse MLA decode ---------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_NS}::mla_sparse_decode", mutates_args=("workspace",))
+def _mla_sparse_decode(
+    q: Tensor,
+    kv_cache: Tensor,
+    indices: Tensor,
+    topk_length: Optional[Tensor],
+    attn_sink: Optional[Tensor],
+    workspace: Tensor,
+    fields: List[int],
+    softmax_scale: Optional[float],
+) -> Tuple[Tensor, Tensor]:
+    return _sparse_decode.mla_sparse_decode(
+        q, kv_cache, indices, topk_length, attn_sink, softmax_scale, plan=_mla_plan(workspace, fields)
+    )
+
+
+@_mla_sparse_decode.register_fake
+def _(q, kv_cache, indices, topk_length, attn_sink, workspace, fields, softmax_scale):
+    b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
+    return q.new_empty((b, s_q, h_q, _decode.D_V)), q.new_empty((b, h_q, s_q), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_NS}::mla_sparse_decode_schedule", mutates_args=("workspace",))
+def _mla_sparse_decode_schedule(topk_length: Optional[Tensor], workspace: Tensor, fields: List[int], s_q: int) -> None:
+    """``s_q``: the query tokens per batch entry the plan was made for (its problem has one
+    sequence per entry and token, so the fields alone do not say)."""
+    plan = _C.MlaDecodePlan.from_fields(fields, workspace)
+    if plan.device < 0:
+        return
+    if s_q < 1 or plan.b % s_q != 0:
+        raise ValueError(f"mla_sparse_decode_schedule: s_q: expected a divisor of the plan's {plan.b} scheduled "
+                         f"sequences (b * s_q), got {s_q}")
+    with torch.cuda.device(workspace.device):
+        _C.mla_sparse_decode_plan(plan.b // s_q, s_q, plan.h_q, plan.sparse_topk, topk_length, workspace,
+                                  _stream(workspace))
+
+
+@_mla_sparse_decode_schedule.register_fake
+def _(topk_length, workspace, fields, s_q):
+    return None
+
+
+# ---- sparse MLA prefill --------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_NS}::mla_sparse_prefill", mutates_args=())
+def _mla_sparse_prefill(
+    q: Tensor,
+    kv: Tensor,
+    indices: Tensor,
+    sm_scale: Optional[float],
+    d_v: int,
+    attn_sink: Optional[Tensor],
+    topk_length: Optional[Tensor],
+    lse_base: str,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    return _sparse_prefill.mla_sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base)
+
+
+@_mla_sparse_prefill.register_fake
+def _(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base):
+    s_q, h_q = q.shape[0], q.shape[1]
+    stats = q.new_empty((s_q, h_q), dtype=torch.float32)
+    return q.new_empty((s_q, h_q, d_v)), stats, torch.empty_like(stats)
+
+
+# ---- GQA decode ----------------------------------------------------------------------------
+
+
+def _gqa_call(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, k_new, v_new,
+              rope_style, rope_theta, rotary_dim, alibi_slopes, finished, softmax_scale, causal, window, softcap):
+    return _gqa_decode.gqa_decode(
+        q, k_cache, v_cache, block_table, cache_seqlens, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new,
+        rope_style=rope_style or None, rope_theta=rope_theta, rotary_dim=rotary_dim, alibi_slopes=alibi_slopes,
+        finished=finished, softmax_scale=softmax_scale, causal=causal, window=window, softcap=softcap,
+        return_lse=True, plan=_gqa_plan(workspace, fields),
+    )
+
+
+def _gqa_fake(q):
+    b, s_q, h_q, d = q.shape
+    return q.new_empty((b, s_q, h_q, d)), q.new_empty((b, h_q, s_q), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_NS}::gqa_decode", mutates_args=("workspace",))
+def _gqa_decode_op(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    cache_seqlens: Tensor,
+    workspace: Tensor,
+    fields: List[int],
+    k_scale: Optional[Tensor],
+    v_scale: Optional[Tensor],
+    rope_style: str,
+    rope_theta: float,
+    rotary_dim: int,
+    alibi_slopes: Optional[Tensor],
+    finished: Optional[Tensor],
+    softmax_scale: Optional[float],
+    causal: bool,
+    window: int,
+    softcap: float,
+) -> Tuple[Tensor, Tensor]:
+    """``rope_style`` '' for none (rotates q only: no key is appended here)."""
+    return _gqa_call(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, None,
+                     None, rope_style, rope_theta, rotary_dim, alibi_slopes, finished, softmax_scale, causal, window,
+                     softcap)
+
+
+@_gqa_decode_op.register_fake
+def _(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, rope_style, rope_theta,
+      rotary_dim, alibi_slopes, finished, softmax_scale, causal, window, softcap):
+    return _gqa_fake(q)
+
+
+@torch.library.custom_op(
+    f"{_NS}::gqa_decode_append", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale", "workspace")
+)
+def _gqa_decode_append(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    cache_seqlens: Tensor,
+    workspace: Tensor,
+    fields: List[int],
+    k_scale: Optional[Tensor],
+    v_scale: Optional[Tensor],
+    k_new: Tensor,
+    v_new: Tensor,
+    rope_style: str,
+    rope_theta: float,
+    rotary_dim: int,
+    alibi_slopes: Optional[Tensor],
+    finished: Optional[Tensor],
+    softmax_scale: Optional[float],
+    causal: bool,
+    window: int,
+    softcap: float,
+) -> Tuple[Tensor, Tensor]:
+    return _gqa_call(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, k_new,
+                     v_new, rope_style, rope_theta, rotary_dim, alibi_slopes, finished, softmax_scale, causal, window,
+                     softcap)
+
+
+@_gqa_decode_append.register_fake
+def _(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, k_new, v_new, rope_style,
+      rope_theta, rotary_dim, alibi_slopes, finished, softmax_scale, causal, window, softcap):
+    return _gqa_fake(q)
+
+
+@torch.library.custom_op(f"{_NS}::gqa_decode_schedule", mutates_args=("workspace",))
+def _gqa_decode_schedule(cache_seqlens: Tensor, workspace: Tensor, fields: List[int]) -> None:
+    plan = _C.GqaDecodePlan.from_fields(fields, workspace)
+    if plan.device < 0:
+        return
+    with torch.cuda.device(cache_seqlens.device):
+        _C.gqa_decode_plan(plan.b, plan.s_q, plan.h_q, plan.h_kv, plan.d, plan.causal, plan.window, cache_seqlens,
+                           workspace, _stream(cache_seqlens))
+
+
+@_gqa_decode_schedule.register_fake
+def _(cache_seqlens, workspace, fields):
+    return None
+
+
+# ---- cache tools ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_NS}::quantize_fp8_cache", mutates_args=())
+def _quantize_fp8_cache(kv: Tensor) -> Tensor:
+    return _fp8_cache.quantize_fp8_cache(kv)
+
+
+@_quantize_fp8_cache.register_fake
+def _(kv):
+    return kv.new_empty(tuple(kv.shape[:-1]) + (_FP8_TOKEN_BYTES,), dtype=torch.uint8)
+
+
+@torch.library.custom_op(f"{_NS}::dequantize_fp8_cache", mutates_args=())
+def _dequantize_fp8_cache(cache: Tensor) -> Tensor:
+    return _fp8_cache.dequantize_fp8_cache(cache)
+
+
+@_dequantize_fp8_cache.register_fake
+def _(cache):
+    return cache.new_empty(tuple(cache.shape[:-1]) + (_MLA_D_QK,), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op(f"{_NS}::append_fp8_cache", mutates_args=("cache",))
+def _append_fp8_cache(tokens: Tensor, slots: Tensor, cache: Tensor) -> None:
+    _fp8_cache.append_fp8_cache(tokens, slots, cache)
+
+
+@_append_fp8_cache.register_fake
+def _(tokens, slots, cache):
+    return None
+
+
+_GQA_CACHE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn}
+
+
+@torch.library.custom_op(f"{_NS}::quantize_gqa_cache", mutates_args=())
+def _quantize_gqa_cache(src: Tensor, dtype: str, scale: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    values, out_scale = _gqa_cache.quantize_gqa_cache(src, dtype, scale)
+    return values, out_scale.clone() if scale is not None and out_scale is scale else out_scale
+
+
+@_quantize_gqa_cache.register_fake
+def _(src, dtype, scale):
+    values = src.new_empty(src.shape, dtype=_GQA_CACHE_DTYPES.get(dtype, torch.int8))
+    scale_shape = (1,) if scale is not None else tuple(src.shape[:-1])
+    return values, src.new_empty(scale_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_NS}::dequantize_gqa_cache", mutates_args=())
+def _dequantize_gqa_cache(values: Tensor, scale: Tensor, dtype: str) -> Tensor:
+    return _gqa_cache.dequantize_gqa_cache(values, scale, dtype)
+
+
+@_dequantize_gqa_cache.register_fake
+def _(values, scale, dtype):
+    return values.new_empty(values.shape, dtype=getattr(torch, dtype))
+
+
+@torch.library.custom_op(f"{_NS}::gqa_cache_append", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
+def _gqa_cache_append(
+    k_new: Tensor,
+    v_new: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    cache_seqlens: Tensor,
+    k_scale: Optional[Tensor],
+    v_scale: Optional[Tensor],
+    rope_style: str,
+    rope_theta: float,
+    rotary_dim: int,
+    finished: Optional[Tensor],
+) -> None:
+    _gqa_cache.gqa_cache_append(
+        k_new, v_new, k_cache, v_cache, block_table, cache_seqlens, k_scale=k_scale, v_scale=v_scale,
+        rope_style=rope_style or None, rope_theta=rope_theta, rotary_dim=rotary_dim, finished=finished,
+    )
+
+
+@_gqa_cache_append.register_fake
+def _(k_new, v_new, k_cache, v_cache, block_table, cache_seqlens, k_scale, v_scale, rope_style, rope_theta, rotary_dim,
+      finished):
+    return None

@@ -1,0 +1,182 @@
+"""torch.ops.mlakit.* on CPU tensors (the float64 CPU reference behind every op): each op
+against the package function it wraps, torch.library.opcheck (schema, fake tensors,
+functionalization), fake shapes against real ones, a two-layer model compiled with
+fullgraph=True without graph breaks, and the plan-fields round trip with its errors. Skipped
+without PyTorch."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mlakit  # noqa: E402
+import mlakit.torch_ops as ops  # noqa: E402
+from torch.library import opcheck  # noqa: E402
+from torch_ops_cases import PAGE, gen, gqa_args, gqa_problem, mla_problem  # noqa: E402
+
+OPS = torch.ops.mlakit
+# For float8 tensors: opcheck's schema test multiplies them, which float8 cannot on the CPU.
+NO_SCHEMA_TEST = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def assert_same(a, b):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a, b.view(torch.uint8) if b.element_size() == 1
+                       else b) or torch.allclose(a.float(), b.float(), equal_nan=True, rtol=0, atol=0)
+
+
+def test_mla_decode_op_is_the_package_function_and_passes_opcheck():
+    q, kv, table, lengths = mla_problem(1)
+    plan = ops.mla_decode_plan(lengths, 1, 4, 1)
+    out, lse = OPS.mla_decode(q, kv, table, lengths, plan[0], plan[1], 0.07, False)
+    ref_out, ref_lse = mlakit.mla_decode(q, kv, table, lengths, 0.07, False)
+    assert_same(out, ref_out)
+    assert_same(lse, ref_lse)
+    opcheck(OPS.mla_decode.default, (q, kv, table, lengths, plan[0], plan[1], None, False))
+    opcheck(OPS.mla_decode_schedule.default, (lengths, plan[0], plan[1]))
+
+
+def test_mla_sparse_ops_pass_opcheck():
+    g = gen(2)
+    b, s_q, h_q, topk = 2, 2, 4, 8
+    q = torch.randn((b, s_q, h_q, 576), generator=g).to(torch.bfloat16)
+    cache = OPS.quantize_fp8_cache(torch.randn((3, PAGE, 1, 576), generator=g).to(torch.bfloat16))
+    indices = torch.randint(-1, 3 * PAGE, (b, s_q, topk), generator=g, dtype=torch.int32)
+    plan = ops.mla_sparse_decode_plan(b, s_q, h_q, topk, q)
+    out, lse = OPS.mla_sparse_decode(q, cache, indices, None, None, plan[0], plan[1], None)
+    ref_out, ref_lse = mlakit.mla_sparse_decode(q, cache, indices)
+    assert_same(out, ref_out)
+    assert_same(lse, ref_lse)
+    opcheck(OPS.mla_sparse_decode.default, (q, cache, indices, None, None, plan[0], plan[1], None))
+    opcheck(OPS.mla_sparse_decode_schedule.default, (None, plan[0], plan[1], s_q))
+    qp = torch.randn((5, h_q, 576), generator=g).to(torch.bfloat16)
+    kv = torch.randn((30, 1, 576), generator=g).to(torch.bfloat16)
+    ip = torch.randint(-1, 30, (5, 1, topk), generator=g, dtype=torch.int32)
+    for base in ("e", "2"):
+        got = OPS.mla_sparse_prefill(qp, kv, ip, 0.05, 512, None, None, base)
+        for a, b_ in zip(got, mlakit.mla_sparse_prefill(qp, kv, ip, 0.05, 512, None, None, base)):
+            assert_same(a, b_)
+        opcheck(OPS.mla_sparse_prefill.default, (qp, kv, ip, 0.05, 512, None, None, base))
+
+
+@pytest.mark.parametrize("cache", ["bf16", "int8", "fp8"])
+def test_gqa_ops_pass_opcheck_and_append_in_place(cache):
+    q, k, v, table, lengths, (k_new, v_new) = gqa_problem(3)
+    scales = {}
+    if cache != "bf16":
+        k, ks = OPS.quantize_gqa_cache(k, cache, None)
+        v, vs = OPS.quantize_gqa_cache(v, cache, None)
+        scales = dict(k_scale=ks, v_scale=vs)
+        if cache == "fp8":  # as bytes: opcheck's schema test multiplies tensors, which float8 cannot on the CPU
+            k, v = k.view(torch.uint8), v.view(torch.uint8)
+    plan = ops.gqa_decode_plan(lengths, 1, 8, 2, 64)
+    args = gqa_args(q, k, v, table, lengths, plan, **scales)
+    out, lse = OPS.gqa_decode(*args)
+    ref_out, ref_lse = mlakit.gqa_decode(q, k, v, table, lengths, return_lse=True, **scales)
+    assert_same(out, ref_out)
+    assert_same(lse, ref_lse)
+    opcheck(OPS.gqa_decode.default, args)
+    opcheck(OPS.gqa_decode_schedule.default, (lengths, plan[0], plan[1]))
+    # The append variant writes the caches (and per-token scales) as the package function does.
+    mine = [x.clone() for x in (k, v)] + [s.clone() for s in scales.values()]
+    theirs = [x.clone() for x in mine]
+    named = lambda xs: dict(k_scale=xs[2], v_scale=xs[3]) if scales else {}  # noqa: E731
+    a = list(gqa_args(q, mine[0], mine[1], table, lengths, plan, rope_style="neox", **named(mine)))
+    out, _ = OPS.gqa_decode_append(*a[:9], k_new, v_new, *a[9:])
+    ref = mlakit.gqa_decode(q, theirs[0], theirs[1], table, lengths, k_new=k_new, v_new=v_new, rope_style="neox",
+                            **named(theirs))
+    assert_same(out, ref)
+    for x, y in zip(mine, theirs):
+        assert_same(x, y)
+    opcheck(OPS.gqa_decode_append.default, tuple(a[:9]) + (k_new, v_new) + tuple(a[9:]))
+
+
+def test_cache_tool_ops_match_the_package_functions():
+    g = gen(4)
+    kv = torch.randn((2, PAGE, 1, 576), generator=g).to(torch.bfloat16)
+    packed = OPS.quantize_fp8_cache(kv)
+    assert_same(packed, mlakit.quantize_fp8_cache(kv))
+    assert_same(OPS.dequantize_fp8_cache(packed), mlakit.dequantize_fp8_cache(packed))
+    tokens = torch.randn((3, 576), generator=g).to(torch.bfloat16)
+    slots = torch.tensor([0, 17, -1], dtype=torch.int32)
+    mine, theirs = packed.clone(), packed.clone()
+    OPS.append_fp8_cache(tokens, slots, mine)
+    mlakit.append_fp8_cache(tokens, slots, theirs)
+    assert torch.equal(mine, theirs) and not torch.equal(mine, packed)
+    for args in ((kv,), (packed,)):
+        opcheck((OPS.quantize_fp8_cache if args[0] is kv else OPS.dequantize_fp8_cache).default, args)
+    opcheck(OPS.append_fp8_cache.default, (tokens, slots, packed.clone()))
+    _, k, _, table, lengths, (k_new, v_new) = gqa_problem(5)
+    values, scale = OPS.quantize_gqa_cache(k, "fp8", torch.tensor([0.02]))
+    assert scale.shape == (1,)
+    opcheck(OPS.quantize_gqa_cache.default, (k, "fp8", torch.tensor([0.02])), test_utils=NO_SCHEMA_TEST)
+    opcheck(OPS.dequantize_gqa_cache.default, (values, scale, "float16"), test_utils=NO_SCHEMA_TEST)
+    values, scale = OPS.quantize_gqa_cache(k, "int8", None)
+    opcheck(OPS.gqa_cache_append.default,
+            (k_new, v_new, values.clone(), values.clone(), table, lengths, scale.clone(), scale.clone(), "gptj",
+             10000.0, 0, None))
+
+
+def test_fake_implementations_give_the_real_shapes_and_dtypes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cases = []
+    for s_q, h_q in ((1, 4), (2, 8)):
+        q, kv, table, lengths = mla_problem(6, s_q=s_q, h_q=h_q)
+        plan = ops.mla_decode_plan(lengths, s_q, h_q, 1)
+        cases.append((OPS.mla_decode, (q, kv, table, lengths, plan[0], plan[1], None, s_q > 1)))
+    for d, h_q, h_kv, s_q in ((64, 8, 2, 1), (128, 4, 4, 3), (256, 2, 1, 2)):
+        q, k, v, table, lengths, _ = gqa_problem(7, s_q=s_q, h_q=h_q, h_kv=h_kv, d=d, lengths=(9, 30))
+        plan = ops.gqa_decode_plan(lengths, s_q, h_q, h_kv, d)
+        cases.append((OPS.gqa_decode, gqa_args(q, k, v, table, lengths, plan, causal=True)))
+    k = gqa_problem(8)[1]
+    cases += [(OPS.quantize_gqa_cache, (k, "int8", None)), (OPS.quantize_fp8_cache, (mla_problem(9)[1],))]
+    for op, args in cases:
+        real = op(*args)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+        real = real if isinstance(real, tuple) else (real,)
+        fake = fake if isinstance(fake, tuple) else (fake,)
+        assert [(r.shape, r.dtype) for r in real] == [(f.shape, f.dtype) for f in fake], op
+
+
+def test_a_compiled_two_layer_decode_has_no_graph_break_and_matches_eager():
+    q, k, v, table, lengths, _ = gqa_problem(10)
+    plan = ops.gqa_decode_plan(lengths, 1, 8, 2, 64)
+    mq, kv, mtable, mlengths = mla_problem(11)
+    mplan = ops.mla_decode_plan(mlengths, 1, 4, 1)
+    w = torch.randn((64, 64), generator=gen(12)).to(torch.bfloat16)
+
+    def step(q, mq):
+        torch.ops.mlakit.gqa_decode_schedule(lengths, plan[0], plan[1])
+        h = q
+        for _ in range(2):  # two layers sharing the step's plan
+            h = torch.ops.mlakit.gqa_decode(*gqa_args(h, k, v, table, lengths, plan))[0]
+            h = (h.float() @ w.float()).to(torch.bfloat16)
+        out, lse = torch.ops.mlakit.mla_decode(mq, kv, mtable, mlengths, mplan[0], mplan[1], None, False)
+        return h, out, lse
+
+    eager = step(q, mq)
+    explained = torch._dynamo.explain(step)(q, mq)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(q, mq)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+
+
+def test_plan_fields_round_trip_and_errors():
+    # (A plan of another problem is rejected by the GPU decode, test_gpu_torch_ops.py; host
+    # arrays need no plan.)
+    lengths = torch.tensor([5, 9], dtype=torch.int32)
+    workspace, plan = mlakit.gqa_decode_plan(lengths, 1, 8, 2, 64)
+    fields = plan.fields()
+    again = mlakit.GqaDecodePlan.from_fields(fields, workspace)
+    assert again.fields() == fields and repr(again) == repr(plan)
+    with pytest.raises(ValueError, match="expected the fields\\(\\) of a MlaDecodePlan"):
+        mlakit.MlaDecodePlan.from_fields(fields, workspace)
+    with pytest.raises(ValueError, match="expected the fields\\(\\) of a GqaDecodePlan"):
+        mlakit.GqaDecodePlan.from_fields(fields[:-1], workspace)
+    wrong_device = list(fields)
+    wrong_device[2 + 7] = 0  # the device field: a CUDA plan against a host workspace
+    with pytest.raises(ValueError, match="workspace: expected"):
+        mlakit.GqaDecodePlan.from_fields(wrong_device, workspace)

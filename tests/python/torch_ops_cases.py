@@ -1,0 +1,53 @@
+"""Small problems for the torch.ops.mlakit tests (CPU and GPU): seeded, built on the CPU,
+moved to `device`. Import after pytest.importorskip("torch")."""
+
+import torch
+
+PAGE = 16
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def paged(g, lengths, heads, d, dtype=torch.bfloat16):
+    """A shuffled block table for `lengths` and a [num_blocks, PAGE, heads, d] cache."""
+    blocks = [max(1, -(-n // PAGE)) for n in lengths]
+    num_blocks = sum(blocks) + 1
+    physical = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    table = torch.full((len(lengths), max(blocks)), -1, dtype=torch.int32)
+    at = 0
+    for i, n in enumerate(blocks):
+        table[i, :n] = physical[at:at + n]
+        at += n
+    cache = torch.randn((num_blocks, PAGE, heads, d), generator=g).to(dtype)
+    return table, cache
+
+
+def mla_problem(seed, lengths=(20, 7), s_q=1, h_q=4, device="cpu"):
+    """(q, kv_cache, block_table, cache_seqlens) of a dense MLA decode."""
+    g = gen(seed)
+    table, kv = paged(g, lengths, 1, 576)
+    q = torch.randn((len(lengths), s_q, h_q, 576), generator=g).to(torch.bfloat16)
+    return tuple(x.to(device) for x in (q, kv, table, torch.tensor(lengths, dtype=torch.int32)))
+
+
+def gqa_problem(seed, lengths=(20, 7), s_q=1, h_q=8, h_kv=2, d=64, device="cpu"):
+    """(q, k_cache, v_cache, block_table, cache_seqlens, [k_new, v_new]) of a GQA decode."""
+    g = gen(seed)
+    table, k = paged(g, lengths, h_kv, d)
+    v = torch.randn(k.shape, generator=g).to(torch.bfloat16)
+    q = torch.randn((len(lengths), s_q, h_q, d), generator=g).to(torch.bfloat16)
+    new = [torch.randn((len(lengths), s_q, h_kv, d), generator=g).to(torch.bfloat16).to(device) for _ in range(2)]
+    q, k, v, table, lens = (x.to(device) for x in (q, k, v, table, torch.tensor(lengths, dtype=torch.int32)))
+    return q, k, v, table, lens, new
+
+
+def gqa_args(q, k, v, table, lengths, plan, **kw):
+    """The positional arguments of torch.ops.mlakit.gqa_decode (defaults: no options)."""
+    o = dict(k_scale=None, v_scale=None, rope_style="", rope_theta=10000.0, rotary_dim=0, alibi_slopes=None,
+             finished=None, softmax_scale=None, causal=False, window=0, softcap=0.0)
+    o.update(kw)
+    return (q, k, v, table, lengths, plan[0], plan[1], o["k_scale"], o["v_scale"], o["rope_style"], o["rope_theta"],
+            o["rotary_dim"], o["alibi_slopes"], o["finished"], o["softmax_scale"], o["causal"], o["window"],
+            o["softcap"])
