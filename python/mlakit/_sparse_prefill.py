@@ -50,18 +50,7 @@ def _prefill(
     lse_base: str,
 ) -> Tuple[Any, Any, Any]:
     """mla_sparse_prefill, its argument errors named after `op` (the caller's function)."""
-    checks.array(op, "q", q, "[s_q, h_q, d_qk]")
-    checks.array(op, "kv", kv, "[s_kv, h_kv, d_qk]")
-    checks.array(op, "indices", indices, "[s_q, h_kv, topk]")
-    sm_scale = checks.scale(op, "sm_scale", sm_scale)
-    # out is [s_q, h_q, d_v]: bounded by q's size before anything is allocated (the library
-    # takes d_v 512 only, d_qk 576 or 512).
-    d_v = checks.integer(op, "d_v", d_v, minimum=1)
-    if d_v > int(q.shape[2]):
-        raise ValueError(f"{op}: d_v: expected <= d_qk = {int(q.shape[2])} (V is the first d_v columns), got {d_v}")
-    checks.optional_array(op, "attn_sink", attn_sink, "[h_q]")
-    checks.optional_array(op, "topk_length", topk_length, "[s_q]")
-    checks.choice(op, "lse_base", lse_base, LSE_BASES)
+    sm_scale, d_v = check_arguments(op, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base)
     s_q, h_q = int(q.shape[0]), int(q.shape[1])
     out = arrays.empty(q, (s_q, h_q, d_v))
     max_logits = arrays.empty(q, (s_q, h_q), "float32")
@@ -74,3 +63,30 @@ def _prefill(
         with arrays.device_scope(q):
             _C.mla_sparse_prefill(*args, arrays.current_stream(q))
     return out, max_logits, lse
+
+
+def check_arguments(
+    op: str,
+    q: Any,
+    kv: Any,
+    indices: Any,
+    sm_scale: Optional[float],
+    d_v: int,
+    attn_sink: Optional[Any],
+    topk_length: Optional[Any],
+    lse_base: str,
+) -> Tuple[Optional[float], int]:
+    """The argument checks of mla_sparse_prefill, named after `op`; returns (sm_scale, d_v)."""
+    checks.array(op, "q", q, "[s_q, h_q, d_qk]")
+    checks.array(op, "kv", kv, "[s_kv, h_kv, d_qk]")
+    checks.array(op, "indices", indices, "[s_q, h_kv, topk]")
+    sm_scale = checks.scale(op, "sm_scale", sm_scale)
+    # out is [s_q, h_q, d_v]: bounded by q's size before anything is allocated (the library
+    # takes d_v 512 only, d_qk 576 or 512).
+    d_v = checks.integer(op, "d_v", d_v, minimum=1)
+    if d_v > int(q.shape[2]):
+        raise ValueError(f"{op}: d_v: expected <= d_qk = {int(q.shape[2])} (V is the first d_v columns), got {d_v}")
+    checks.optional_array(op, "attn_sink", attn_sink, "[h_q]")
+    checks.optional_array(op, "topk_length", topk_length, "[s_q]")
+    checks.choice(op, "lse_base", lse_base, LSE_BASES)
+    return sm_scale, d_v

@@ -32,6 +32,7 @@ from ._mlakit import mla_decode as _decode_on_device
 from ._mlakit import mla_sparse_decode_fp8 as _sparse_decode_on_device
 from ._sparse_decode import mla_sparse_decode, mla_sparse_decode_plan
 from ._sparse_prefill import _prefill
+from ._sparse_prefill import check_arguments as check_prefill_arguments
 
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd"]
 
@@ -243,6 +244,13 @@ def flash_mla_sparse_fwd(
     op = "flash_mla_sparse_fwd"
     if indexer_topk != 0:
         raise NotImplementedError(f"{op}: indexer_topk: only 0 is supported, got {indexer_topk}")
+    if arrays.framework(q) == "torch" and not arrays.on_host(q):  # through torch.ops.mlakit, as the decode
+        sm_scale, d_v = check_prefill_arguments(op, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base)
+        import torch
+
+        from . import torch_ops  # noqa: F401  (registers the ops)
+
+        return torch.ops.mlakit.mla_sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base)
     return _prefill(op, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base)
 
 

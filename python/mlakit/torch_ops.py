@@ -83,10 +83,6 @@ def _mla_plan(workspace: Tensor, fields: List[int]) -> Tuple[Tensor, _C.MlaDecod
     return workspace, _C.MlaDecodePlan.from_fields(fields, workspace)
 
 
-def _gqa_plan(workspace: Tensor, fields: List[int]) -> Tuple[Tensor, _C.GqaDecodePlan]:
-    return workspace, _C.GqaDecodePlan.from_fields(fields, workspace)
-
-
 def _stream(like: Tensor) -> int:
     return torch.cuda.current_stream(like.device).cuda_stream
 
@@ -202,90 +198,52 @@ def _(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base):
 
 
 # ---- GQA decode ----------------------------------------------------------------------------
+# Two ops of one schema: gqa_decode reads the caches, gqa_decode_append (k_new, v_new after
+# the scales) writes this step's keys and values into them first. Two, so that a decode
+# without an append does not declare a write to the whole cache.
+
+_GQA_SCHEMA = (
+    "(Tensor q, Tensor{w} k_cache, Tensor{w} v_cache, Tensor block_table, Tensor cache_seqlens, Tensor(a!) workspace, "
+    "int[] fields, Tensor{w}? k_scale, Tensor{w}? v_scale, {new}str rope_style, float rope_theta, int rotary_dim, "
+    "Tensor? alibi_slopes, Tensor? finished, float? softmax_scale, bool causal, int window, float softcap) "
+    "-> (Tensor, Tensor)"
+)
+_library = torch.library.Library(_NS, "FRAGMENT")
+_library.define("gqa_decode" + _GQA_SCHEMA.replace("{w}", "").replace("{new}", ""))
+# Every written argument gets its own alias set: (b!), (c!), ...
+_append_schema = _GQA_SCHEMA.replace("{new}", "Tensor k_new, Tensor v_new, ")
+for _letter in "bcde":
+    _append_schema = _append_schema.replace("{w}", f"({_letter}!)", 1)
+_library.define("gqa_decode_append" + _append_schema)
 
 
-def _gqa_call(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, k_new, v_new,
-              rope_style, rope_theta, rotary_dim, alibi_slopes, finished, softmax_scale, causal, window, softcap):
+def _gqa_run(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, k_new, v_new,
+             rope_style, rope_theta, rotary_dim, alibi_slopes, finished, softmax_scale, causal, window, softcap):
+    """``rope_style`` '' for none."""
     return _gqa_decode.gqa_decode(
         q, k_cache, v_cache, block_table, cache_seqlens, k_scale=k_scale, v_scale=v_scale, k_new=k_new, v_new=v_new,
         rope_style=rope_style or None, rope_theta=rope_theta, rotary_dim=rotary_dim, alibi_slopes=alibi_slopes,
         finished=finished, softmax_scale=softmax_scale, causal=causal, window=window, softcap=softcap,
-        return_lse=True, plan=_gqa_plan(workspace, fields),
+        return_lse=True, plan=(workspace, _C.GqaDecodePlan.from_fields(fields, workspace)),
     )
 
 
-def _gqa_fake(q):
+@torch.library.impl(f"{_NS}::gqa_decode", ("CPU", "CUDA"), lib=_library)
+def _gqa_decode_op(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, *options):
+    return _gqa_run(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, None, None,
+                    *options)
+
+
+torch.library.impl(f"{_NS}::gqa_decode_append", ("CPU", "CUDA"), lib=_library)(_gqa_run)
+
+
+def _gqa_fake(q, *_):
     b, s_q, h_q, d = q.shape
     return q.new_empty((b, s_q, h_q, d)), q.new_empty((b, h_q, s_q), dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{_NS}::gqa_decode", mutates_args=("workspace",))
-def _gqa_decode_op(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_table: Tensor,
-    cache_seqlens: Tensor,
-    workspace: Tensor,
-    fields: List[int],
-    k_scale: Optional[Tensor],
-    v_scale: Optional[Tensor],
-    rope_style: str,
-    rope_theta: float,
-    rotary_dim: int,
-    alibi_slopes: Optional[Tensor],
-    finished: Optional[Tensor],
-    softmax_scale: Optional[float],
-    causal: bool,
-    window: int,
-    softcap: float,
-) -> Tuple[Tensor, Tensor]:
-    """``rope_style`` '' for none (rotates q only: no key is appended here)."""
-    return _gqa_call(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, None,
-                     None, rope_style, rope_theta, rotary_dim, alibi_slopes, finished, softmax_scale, causal, window,
-                     softcap)
-
-
-@_gqa_decode_op.register_fake
-def _(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, rope_style, rope_theta,
-      rotary_dim, alibi_slopes, finished, softmax_scale, causal, window, softcap):
-    return _gqa_fake(q)
-
-
-@torch.library.custom_op(
-    f"{_NS}::gqa_decode_append", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale", "workspace")
-)
-def _gqa_decode_append(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_table: Tensor,
-    cache_seqlens: Tensor,
-    workspace: Tensor,
-    fields: List[int],
-    k_scale: Optional[Tensor],
-    v_scale: Optional[Tensor],
-    k_new: Tensor,
-    v_new: Tensor,
-    rope_style: str,
-    rope_theta: float,
-    rotary_dim: int,
-    alibi_slopes: Optional[Tensor],
-    finished: Optional[Tensor],
-    softmax_scale: Optional[float],
-    causal: bool,
-    window: int,
-    softcap: float,
-) -> Tuple[Tensor, Tensor]:
-    return _gqa_call(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, k_new,
-                     v_new, rope_style, rope_theta, rotary_dim, alibi_slopes, finished, softmax_scale, causal, window,
-                     softcap)
-
-
-@_gqa_decode_append.register_fake
-def _(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, k_scale, v_scale, k_new, v_new, rope_style,
-      rope_theta, rotary_dim, alibi_slopes, finished, softmax_scale, causal, window, softcap):
-    return _gqa_fake(q)
+torch.library.register_fake(f"{_NS}::gqa_decode", _gqa_fake, lib=_library)
+torch.library.register_fake(f"{_NS}::gqa_decode_append", _gqa_fake, lib=_library)
 
 
 @torch.library.custom_op(f"{_NS}::gqa_decode_schedule", mutates_args=("workspace",))

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 import mlakit  # noqa: E402
 from torch_cases import (  # noqa: E402
     activations,
+    capture,
     block_table,
     check,
     dense_reference,
@@ -87,14 +88,7 @@ def test_cuda_graph_of_plan_and_decode_replays_with_new_lengths_and_contents():
         plan = mlakit.mla_decode_plan(cache_seqlens, 2, 64, 1)
         return [mlakit.mla_decode(q, kv, table, cache_seqlens, causal=True, plan=plan) for kv in layers]
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        results = step()
+    graph, results = capture(step)
 
     for lengths in ((4200, 300, 64, 1000, 2), (1, 0, 63, 999, 2), (4000, 299, 10, 1000, 0)):
         cache_seqlens.copy_(seqlens(lengths))

@@ -10,6 +10,7 @@ from accuracy import check_stat  # noqa: E402
 from mlakit import flash_mla  # noqa: E402
 from torch_cases import (  # noqa: E402
     activations,
+    capture,
     block_table,
     cache_values,
     check,
@@ -141,14 +142,7 @@ def test_cuda_graph_of_a_flash_mla_step_replays_with_new_lengths(form):
             for q, kv in zip(qs, caches)
         ]
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        results = step()
+    graph, results = capture(step)
 
     for lengths in ((2999, 10, 1, 0), (5, 9, 640, 1), (3000, 0, 320, 1)):
         cache_seqlens.copy_(seqlens(lengths))

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import mlakit  # noqa: E402
 from accuracy import check_out, check_stat  # noqa: E402
-from torch_cases import generator, require_gpu  # noqa: E402
+from torch_cases import capture, generator, require_gpu  # noqa: E402
 
 require_gpu()
 try:
@@ -302,15 +302,7 @@ def test_cuda_graph_of_plan_append_and_decode_replays_with_new_lengths(kind):
             for k, ks, v, vs in layers
         ]
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture (appends at the start lengths)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        results = step()
+    graph, results = capture(step)  # (its warm-up call appends at the start lengths)
 
     lengths = list(start)
     for _ in range(3):

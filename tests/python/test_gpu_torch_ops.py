@@ -14,7 +14,7 @@ import mlakit  # noqa: E402
 import mlakit.torch_ops as ops  # noqa: E402
 from mlakit import flash_mla  # noqa: E402
 from torch.library import opcheck  # noqa: E402
-from torch_cases import require_gpu  # noqa: E402
+from torch_cases import capture, require_gpu  # noqa: E402
 from torch_ops_cases import gen, gqa_args, gqa_problem, mla_problem  # noqa: E402
 
 require_gpu()
@@ -103,14 +103,7 @@ def test_a_cuda_graph_replayed_1000_times_with_new_lengths_matches_eager():
         return (OPS.mla_decode(q, kv, table, lengths, plan[0], plan[1], None, False)[0],
                 OPS.gqa_decode(*gqa_args(gq, k, v, gtable, glengths, gplan))[0])
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
+    graph, outs = capture(step)
     for replay in range(1000):
         new = torch.randint(0, max_len + 1, (b,), generator=g, dtype=torch.int32)
         lengths.copy_(new)

@@ -20,6 +20,21 @@ def require_gpu():
     except RuntimeError as e:
         pytest.skip(f"mlakit cannot use the GPU: {e}", allow_module_level=True)
 
+def capture(step):
+    """A CUDA graph of `step` (called once first on a side stream, outside the capture, as
+    PyTorch asks) and the outputs of the captured call."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
 def generator(seed):
     return torch.Generator().manual_seed(seed)
 
