@@ -96,7 +96,7 @@ def empty(like: Any, shape: Tuple[int, ...], dtype_name: Optional[str] = None) -
     )
 
 
-def full(like: Any, shape: Tuple[int, ...], dtype_name: str, value: float) -> Any:
+def full(like: Any, shape: Tuple[int, ...], dtype_name: Optional[str], value: float) -> Any:
     """An array of `shape` filled with `value`, in `like`'s framework and device (on the
     device: an asynchronous fill on the current stream, so it can be captured in a CUDA graph)."""
     out = empty(like, shape, dtype_name)

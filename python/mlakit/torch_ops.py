@@ -23,6 +23,8 @@ Ops (arguments as in the ``mlakit`` function of the same name):
   fields, s_q)``
 - ``mla_sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base) ->
   (out, max_logits, lse)``
+- ``mha_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+  causal) -> (out, lse)`` (host tensors until its GPU kernels exist)
 - ``gqa_decode(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, ...) ->
   (out, lse)``; ``gqa_decode_append(..., k_new, v_new, ...)``, the same with this step's keys
   and values written into ``k_cache!``, ``v_cache!`` (and per-token scales!) first;
@@ -42,7 +44,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _decode, _fp8_cache, _gqa_cache, _gqa_decode, _sparse_decode, _sparse_prefill
+from . import _decode, _fp8_cache, _gqa_cache, _gqa_decode, _mha_prefill, _sparse_decode, _sparse_prefill
 from . import _mlakit as _C
 
 __all__ = ["mla_decode_plan", "mla_sparse_decode_plan", "gqa_decode_plan"]
@@ -195,6 +197,31 @@ def _(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base):
     s_q, h_q = q.shape[0], q.shape[1]
     stats = q.new_empty((s_q, h_q), dtype=torch.float32)
     return q.new_empty((s_q, h_q, d_v)), stats, torch.empty_like(stats)
+
+
+# ---- dense MHA prefill ---------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_NS}::mha_prefill", mutates_args=())
+def _mha_prefill_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: Optional[float],
+    causal: bool,
+) -> Tuple[Tensor, Tensor]:
+    return _mha_prefill.mha_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                    causal)
+
+
+@_mha_prefill_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
+    total_q, h_q = q.shape[0], q.shape[1]
+    return q.new_empty((total_q, h_q, v.shape[2])), q.new_empty((h_q, total_q), dtype=torch.float32)
 
 
 # ---- GQA decode ----------------------------------------------------------------------------

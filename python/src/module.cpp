@@ -12,4 +12,5 @@ NB_MODULE(_mlakit, m) {
   mlakit::python::bind_sparse_prefill(m);
   mlakit::python::bind_fp8_cache(m);
   mlakit::python::bind_gqa_decode(m);
+  mlakit::python::bind_mha_prefill(m);
 }

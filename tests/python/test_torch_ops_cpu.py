@@ -180,3 +180,17 @@ def test_plan_fields_round_trip_and_errors():
     wrong_device[2 + 7] = 0  # the device field: a CUDA plan against a host workspace
     with pytest.raises(ValueError, match="workspace: expected"):
         mlakit.GqaDecodePlan.from_fields(wrong_device, workspace)
+
+
+def test_mha_prefill_op_is_the_package_function_and_passes_opcheck():
+    g = gen(14)
+    q = torch.randn((9, 4, 128), generator=g).to(torch.bfloat16)
+    k = torch.randn((12, 2, 128), generator=g).to(torch.bfloat16)
+    v = torch.randn((12, 2, 128), generator=g).to(torch.bfloat16)
+    cu_q, cu_k = torch.tensor([0, 4, 4, 9], dtype=torch.int32), torch.tensor([0, 2, 7, 12], dtype=torch.int32)
+    args = (q, k, v, cu_q, cu_k, 5, 5, None, True)
+    out, lse = OPS.mha_prefill(*args)
+    want_out, want_lse = mlakit.mha_prefill(q, k, v, cu_q, cu_k, 5, 5, None, True)
+    assert_same(out, want_out)
+    assert_same(lse, want_lse)
+    opcheck(OPS.mha_prefill.default, args)
