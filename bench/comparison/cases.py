@@ -4,8 +4,8 @@ A family is one operation and the sides it is timed on. The first side named is 
 baseline of the ratio, `subject` the side the ratio is about: ratio = t_baseline / t_subject
 (> 1: the subject is faster). A family whose operation mlakit does not have yet names no
 mlakit side; a new operation adds a family here, a generator in data.py and a reference in
-reference.py, and names its sides (the GQA decode: PyTorch SDPA on cuDNN against mlakit; the
-MHA prefill, later, likewise).
+reference.py, and names its sides (the GQA decode and the MHA prefill: PyTorch SDPA on cuDNN
+against mlakit).
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ FAMILIES: Dict[str, Family] = {
         # The GQA decode over a paged cache against PyTorch SDPA (cuDNN backend forced,
         # enable_gqa) over a contiguous cache holding the same values.
         Family("gqa", "GQA decode (paged bf16 / int8 / fp8 cache)", ("sdpa_cudnn", "mlakit"), "mlakit", True),
+        # The MHA prefill over packed variable-length rows against PyTorch SDPA (cuDNN backend
+        # forced) over the same values as [b, h, s, d] (every sequence of the batch full).
+        Family("mha_prefill", "MHA prefill forward (bf16)", ("sdpa_cudnn", "mlakit"), "mlakit", True),
         # Not an mlakit operation: cuDNN against PyTorch's flash backend on the brief's cuDNN
-        # shapes. It keeps the SDPA sides exercised (and gives cuDNN's figures of the same run)
-        # until the MHA prefill / GQA decode families name them.
+        # shapes (cuDNN's figures of the same run beside PyTorch's own kernel).
         Family("sdpa_mha", "SDPA MHA forward (cuDNN vs flash)", ("sdpa_cudnn", "sdpa_flash"), "sdpa_flash", False),
     )
 }
@@ -92,6 +94,13 @@ def _sdpa_mha(causal: bool) -> Case:
     return Case("sdpa_mha_b4_h32_s4096_d128" + ("_causal" if causal else ""), "sdpa_mha", params, not causal)
 
 
+def _mha_prefill(s: int, d_qk: int, d_v: int, h: int, causal: bool, quick: bool = False) -> Case:
+    # 16384 query tokens per call (FlashAttention's benchmark convention): b = 16384 / s.
+    params = dict(b=16384 // s, h=h, s=s, d_qk=d_qk, d_v=d_v, causal=causal)
+    name = f"mha_prefill_b{16384 // s}_h{h}_s{s}_d{d_qk}_{d_v}" + ("_causal" if causal else "")
+    return Case(name, "mha_prefill", params, quick)
+
+
 def all_cases() -> List[Case]:
     """The listed cases (docs/benchmarking.md) of every operation that exists, in table order."""
     cases: List[Case] = []
@@ -108,6 +117,11 @@ def all_cases() -> List[Case]:
             cases.append(_sparse_prefill(s_kv, near_end, quick=(s_kv, near_end) == (8192, False)))
     cases += [_gqa(64, 4096, "bf16", quick=True), _gqa(64, 4096, "int8"), _gqa(64, 4096, "fp8"),
               _gqa(64, 4096, "bf16", append=True), _gqa(1, 131072, "bf16")]
+    for s in (4096, 8192):
+        for causal in (False, True):
+            cases.append(_mha_prefill(s, 128, 128, 16, causal, quick=(s, causal) == (4096, False)))
+    cases += [_mha_prefill(8192, 192, 128, 16, False), _mha_prefill(8192, 192, 128, 16, True),
+              _mha_prefill(8192, 64, 64, 32, False), _mha_prefill(8192, 256, 256, 8, False)]
     cases += [_sdpa_mha(False), _sdpa_mha(True)]
     return cases
 

@@ -13,6 +13,8 @@ case and handed to every side unchanged.
   V [b, h_kv, s_k, d] bf16 for SDPA, the same values paged [num_blocks, 64, h_kv, d] through a
   shuffled block table for mlakit. int8 / fp8 caches: quantized per (token, kv head) by the
   contract's rules (written here in PyTorch), SDPA's cache holding the dequantized values.
+- MHA prefill: q, k, v ~ N(0, 1) as [b, h, s, d] for SDPA, the same values as packed rows
+  [b * s, h, d] with cu_seqlens for mlakit (every sequence s long).
 q ~ N(0, 1); the decode caches ~ N(0, 1) / 10 clamped to [-1, 1] (FlashMLA's decode tests, and
 the scale the contract's absolute tolerance (docs/contract.md) is meant for: with N(0, 1) cache values the bf16
 rounding of P alone moves outputs of the shortest sequences by ~1e-2 in both libraries);
@@ -278,10 +280,28 @@ def sdpa_mha(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
     return Inputs(dict(q=q, k=k, v=v, causal=p["causal"]), info)
 
 
+def mha_prefill(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
+    _, dev = _generators(seed, device)
+    b, h, s, d_qk, d_v = p["b"], p["h"], p["s"], p["d_qk"], p["d_v"]
+    q, k = (_normal((b, h, s, d_qk), torch.bfloat16, device, dev) for _ in range(2))
+    v = _normal((b, h, s, d_v), torch.bfloat16, device, dev)
+
+    def packed(x: torch.Tensor) -> torch.Tensor:  # [b, h, s, d] -> [b * s, h, d]
+        return x.transpose(1, 2).reshape(b * s, h, x.shape[-1]).contiguous()
+
+    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=device)
+    flops = 2.0 * b * h * s * s * (d_qk + d_v) / (2 if p["causal"] else 1)
+    info = dict(seed=seed, mean_s_k=float(s), flops=flops, bytes=float(b * h * s * (2 * d_qk + 2 * d_v) * 2))
+    tensors = dict(q=q, k=k, v=v, causal=p["causal"], q_rows=packed(q), k_rows=packed(k), v_rows=packed(v),
+                   cu_seqlens=cu, max_seqlen=s)
+    return Inputs(tensors, info)
+
+
 _GENERATORS = {
     "dense_decode": dense_decode,
     "sparse_decode": sparse_decode,
     "sparse_prefill": sparse_prefill,
     "gqa": gqa,
     "sdpa_mha": sdpa_mha,
+    "mha_prefill": mha_prefill,
 }

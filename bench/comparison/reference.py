@@ -137,12 +137,17 @@ def sdpa_mha(x: Inputs) -> Dict[str, Any]:
     return dict(index=("query_row", rows), out=out)
 
 
+def mha_prefill(x: Inputs) -> Dict[str, Any]:
+    return sdpa_mha(x)  # the SDPA layout: both sides return out as [b, h, s, d_v]
+
+
 REFERENCES = {
     "dense_decode": dense_decode,
     "sparse_decode": sparse_decode,
     "sparse_prefill": sparse_prefill,
     "gqa": gqa,
     "sdpa_mha": sdpa_mha,
+    "mha_prefill": mha_prefill,
 }
 
 

@@ -42,9 +42,10 @@ GQA = {cache + ("_append" if append else ""): _case("gqa", b=3, s_q=1, h_q=8, h_
 def test_case_table() -> None:
     table = cases.all_cases()
     default = cases.select(table)
-    expect(len(default) == 29, f"29 benchmark cases (docs/benchmarking.md) by default (got {len(default)})")
+    expect(len(default) == 37, f"37 benchmark cases (docs/benchmarking.md) by default (got {len(default)})")
     expect(len({c.name for c in table}) == len(table), "case names unique")
-    expect(len(cases.select(table, quick=True)) == 5, "--quick: 5 cases")
+    expect(len(cases.select(table, quick=True)) == 6, "--quick: 6 cases")
+    expect(len(cases.select(table, ["mha_prefill"])) == 8, "--families mha_prefill: 8 cases")
     expect(len(cases.select(table, ["gqa"])) == 5, "--families gqa: 5 cases")
     expect([c.name for c in cases.select(table, pattern="sk32768_causal")] == ["dense_b128_hq128_sq2_sk32768_causal"],
            "--filter by regex")

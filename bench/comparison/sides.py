@@ -177,11 +177,26 @@ def sdpa_gqa_runner(side: str, backend: Any, x: Inputs) -> Runner:
     return Runner(side, call_append, None, ("out",))
 
 
+def mlakit_mha_prefill_runner(side: str, api: Any, x: Inputs) -> Runner:
+    """mlakit.mha_prefill on the packed rows; out returned as a [b, h, s, d_v] view (SDPA's
+    layout, which the reference samples)."""
+    mk = importlib.import_module(api.__name__.split(".")[0])
+    t = x.tensors
+    b, h, s = t["q"].shape[0], t["q"].shape[1], t["q"].shape[2]
+    cu, n = t["cu_seqlens"], t["max_seqlen"]
+
+    def call() -> Any:
+        out, lse = mk.mha_prefill(t["q_rows"], t["k_rows"], t["v_rows"], cu, cu, n, n, causal=t["causal"])
+        return (out.view(b, s, h, out.shape[-1]).transpose(1, 2),)
+
+    return Runner(side, call, None, ("out",))
+
+
 def sdpa_runner(side: str, backend: Any, family: str, x: Inputs) -> Runner:
     """torch SDPA with one backend pinned (an unavailable backend raises at the call)."""
     from torch.nn.attention import sdpa_kernel
 
-    if family != "sdpa_mha":
+    if family not in ("sdpa_mha", "mha_prefill"):
         raise NotImplementedError(f"{side}: no {family} operation")
     t = x.tensors
 
@@ -199,6 +214,8 @@ def runner(side: str, handle: Any, family: str, x: Inputs) -> Runner:
         if side.startswith("sdpa"):
             return sdpa_gqa_runner(side, handle, x)
         raise NotImplementedError(f"{side}: no {family} operation")
+    if family == "mha_prefill" and side == "mlakit":
+        return mlakit_mha_prefill_runner(side, handle, x)
     if side in ("mlakit", "flashmla"):
         return flash_api_runner(side, handle, family, x)
     return sdpa_runner(side, handle, family, x)

@@ -9,14 +9,23 @@
 // h / (h_q / h_kv); out = softmax(s) V (float32 accumulation); lse = natural log of sum
 // exp(s). A query that sees no key gets out 0 and lse +inf.
 //
-// Status: the float64 CPU reference (below). The GPU kernels are issue 26's next step; the
-// argument rules here are theirs too.
+// On the GPU (compute capability 8.0 or newer): mha_prefill_workspace_size once, allocate that
+// many bytes of device memory, then mha_prefill per call. Asynchronous on `stream`, allocates
+// nothing, synchronises nothing on the host, graph-capturable; the sequence lengths are read
+// on the device only. Every tensor's rows must be 4-byte aligned (data pointer and token / head
+// strides even, in elements). Kernels: the Hopper kernel (TMA, wgmma, warp-specialised; needs
+// q, k and v rows 16-byte aligned: pointers 16-byte aligned, strides multiples of 8) on
+// compute capability 9.0, the portable kernel elsewhere and for any layout the Hopper kernel
+// cannot take.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
+#include "mlakit/mla_kernel.h"
 #include "mlakit/status.h"
+#include "mlakit/stream.h"
 #include "mlakit/tensor.h"
 
 namespace mlakit {
@@ -35,9 +44,23 @@ struct MhaPrefillArgs {
   TensorRef out;  // [total_q, h_q, d_v] q's dtype (the reference also takes float32); rows
                   // outside every sequence are left as they are
   TensorRef lse;  // optional [h_q, total_q] float32, natural log
+  // kAuto: the Hopper kernel where it applies (see above), else the portable one; kSm90 where
+  // it does not apply is an error naming the reason; kPortable forces the portable kernel.
+  MlaKernel kernel = MlaKernel::kAuto;
 };
 
 // (d_qk, d_v) pairs: (64, 64), (128, 128), (192, 128), (256, 256).
+
+// Bytes of device workspace mha_prefill needs for these arguments (shapes and options only, not
+// the lengths). Today's kernels need none (0): the size is queried so that callers are ready
+// for a scheduler that keeps state there.
+Status mha_prefill_workspace_size(const MhaPrefillArgs& args, std::size_t* bytes);
+
+// Validates every argument (errors name it), then runs on `stream`. Data the host cannot see
+// (the prefix sums' values) must follow the rules above: cu_seqlens ordered, starting at 0,
+// within total_q / total_k, every length within max_seqlen_*; a length above max_seqlen_q
+// leaves the rows past it unwritten. b = 0, total_q = 0 or h_q = 0 is the empty problem.
+Status mha_prefill(const MhaPrefillArgs& args, void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
 
 namespace reference {
 // float64 reference on host memory; also checks what only the data can say (the prefix sums

@@ -11,11 +11,16 @@ flash_mla``, same names, arguments, defaults, shapes and return values.
 - ``flash_mla_sparse_fwd``: sparse prefill. Like the FlashMLA that engines run on Hopper, it
   returns natural-log ``max_logits`` and ``lse``; ``lse_base="2"`` (keyword only, mlakit's
   one switch) returns base-2 ones, as FlashMLA's 2025 releases did (docs/contract.md).
+- ``flash_attn_varlen_func`` / ``flash_attn_varlen_qkvpacked_func`` /
+  ``flash_attn_varlen_kvpacked_func``: the dense MHA prefill forward (varlen, causal
+  bottom-right, GQA) through ``torch.ops.mlakit.mha_prefill``; ``lse`` as FlashMLA returns it,
+  ``[total_q, h_q]`` viewing an ``[h_q, total_q]`` buffer. Forward only: ``dropout_p`` must be
+  0 and there is no backward.
 
 Host arrays (NumPy, CPU tensors) run the float64 CPU reference and need no metadata. What is
 not honoured raises NotImplementedError: the dense FP8 cache, extra_k_cache /
-extra_indices_in_kvcache / extra_topk_length and indexer_topk > 0. docs/python.md has the
-details.
+extra_indices_in_kvcache / extra_topk_length, indexer_topk > 0, dropout_p != 0 and
+is_varlen=False. docs/python.md has the details.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, Optional, Tuple, Union
 from . import _arrays as arrays
 from . import _checks as checks
 from . import _flash_mla_schedule as schedules
+from . import _mha_prefill
 from ._decode import D_V, mla_decode, mla_decode_plan
 from ._mlakit import mla_decode as _decode_on_device
 from ._mlakit import mla_sparse_decode_fp8 as _sparse_decode_on_device
@@ -34,7 +40,15 @@ from ._sparse_decode import mla_sparse_decode, mla_sparse_decode_plan
 from ._sparse_prefill import _prefill
 from ._sparse_prefill import check_arguments as check_prefill_arguments
 
-__all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd"]
+__all__ = [
+    "FlashMLASchedMeta",
+    "get_mla_metadata",
+    "flash_mla_with_kvcache",
+    "flash_mla_sparse_fwd",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+]
 
 
 @dataclasses.dataclass
@@ -252,6 +266,152 @@ def flash_mla_sparse_fwd(
 
         return torch.ops.mlakit.mla_sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base)
     return _prefill(op, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base)
+
+
+def flash_attn_varlen_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_qo: Any,
+    cu_seqlens_kv: Any,
+    max_seqlen_qo: int,
+    max_seqlen_kv: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    deterministic: bool = False,
+    is_varlen: bool = True,
+) -> Tuple[Any, Any]:
+    """Dense attention forward over variable-length sequences (mlakit.mha_prefill): q
+    [total_q, h_q, d_qk], k [total_k, h_kv, d_qk], v [total_k, h_kv, d_v] (bfloat16 / float16,
+    h_q a multiple of h_kv, (d_qk, d_v) in (64, 64), (128, 128), (192, 128), (256, 256); views
+    with a contiguous last dimension are read in place); cu_seqlens_qo / cu_seqlens_kv [b + 1]
+    int32 prefix sums; max_seqlen_qo / max_seqlen_kv at least every length. ``causal``:
+    bottom-right aligned. ``softmax_scale`` defaults to 1/sqrt(d_qk).
+
+    Returns ``(out [total_q, h_q, d_v] in q's dtype, lse [total_q, h_q] float32)``, natural
+    log, ``lse`` the transposed view of an ``[h_q, total_q]`` buffer (as FlashMLA returns it;
+    ``lse.T`` is contiguous). A query that sees no key: 0 and +inf.
+
+    ``dropout_p`` must be 0 (forward only, no dropout: NotImplementedError otherwise);
+    ``deterministic`` is accepted either way (the forward is deterministic: one result per
+    input); ``is_varlen=False`` (FlashMLA's fixed-length 4-d layout, which its own Python
+    wrapper cannot pass) raises NotImplementedError. PyTorch tensors run through
+    ``torch.ops.mlakit.mha_prefill`` (torch.compile, CUDA graphs); host arrays run the float64
+    CPU reference.
+    """
+    op = "flash_attn_varlen_func"
+    return _varlen(op, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, dropout_p,
+                   softmax_scale, causal, deterministic, is_varlen)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv: Any,
+    cu_seqlens: Any,
+    max_seqlen: int,
+    head_dim_qk: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    deterministic: bool = False,
+    is_varlen: bool = True,
+) -> Tuple[Any, Any]:
+    """:func:`flash_attn_varlen_func` of ``qkv`` [total, h, 2 * head_dim_qk + d_v]: q its
+    first ``head_dim_qk`` columns, k the next ``head_dim_qk``, v the rest (views, not copies;
+    h_q = h_kv = h), with one ``cu_seqlens`` / ``max_seqlen`` for queries and keys."""
+    op = "flash_attn_varlen_qkvpacked_func"
+    checks.array(op, "qkv", qkv, "[total, h, 2 * head_dim_qk + d_v]")
+    d = checks.integer(op, "head_dim_qk", head_dim_qk, minimum=1)
+    width = int(qkv.shape[2])
+    if 2 * d >= width:
+        raise ValueError(
+            f"{op}: head_dim_qk: expected 2 * head_dim_qk < qkv.shape[2] = {width} (q, k, then v along the last "
+            f"dimension), got {d}"
+        )
+    return _varlen(op, qkv[:, :, :d], qkv[:, :, d : 2 * d], qkv[:, :, 2 * d :], cu_seqlens, cu_seqlens, max_seqlen,
+                   max_seqlen, dropout_p, softmax_scale, causal, deterministic, is_varlen)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q: Any,
+    kv: Any,
+    cu_seqlens_qo: Any,
+    cu_seqlens_kv: Any,
+    max_seqlen_qo: int,
+    max_seqlen_kv: int,
+    head_dim_qk: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    deterministic: bool = False,
+    is_varlen: bool = True,
+) -> Tuple[Any, Any]:
+    """:func:`flash_attn_varlen_func` of q and ``kv`` [total_k, h_kv, head_dim_qk + d_v]: k its
+    first ``head_dim_qk`` columns, v the rest (views, not copies); ``head_dim_qk`` must be q's
+    last dimension."""
+    op = "flash_attn_varlen_kvpacked_func"
+    checks.array(op, "q", q, "[total_q, h_q, d_qk]")
+    checks.array(op, "kv", kv, "[total_k, h_kv, head_dim_qk + d_v]")
+    d = checks.integer(op, "head_dim_qk", head_dim_qk, minimum=1)
+    if d != int(q.shape[2]):
+        raise ValueError(f"{op}: head_dim_qk: expected q.shape[2] = {int(q.shape[2])}, got {d}")
+    width = int(kv.shape[2])
+    if d >= width:
+        raise ValueError(
+            f"{op}: head_dim_qk: expected < kv.shape[2] = {width} (k, then v along the last dimension), got {d}"
+        )
+    return _varlen(op, q, kv[:, :, :d], kv[:, :, d:], cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv,
+                   dropout_p, softmax_scale, causal, deterministic, is_varlen)
+
+
+# The names of the sequence arguments (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+# in each function's signature, for its errors.
+_VARLEN_NAMES = {
+    "flash_attn_varlen_func": ("cu_seqlens_qo", "cu_seqlens_kv", "max_seqlen_qo", "max_seqlen_kv"),
+    "flash_attn_varlen_qkvpacked_func": ("cu_seqlens", "cu_seqlens", "max_seqlen", "max_seqlen"),
+    "flash_attn_varlen_kvpacked_func": ("cu_seqlens_qo", "cu_seqlens_kv", "max_seqlen_qo", "max_seqlen_kv"),
+}
+
+
+def _varlen(
+    op: str,
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_qo: Any,
+    cu_seqlens_kv: Any,
+    max_seqlen_qo: Any,
+    max_seqlen_kv: Any,
+    dropout_p: Any,
+    softmax_scale: Any,
+    causal: Any,
+    deterministic: Any,
+    is_varlen: Any,
+) -> Tuple[Any, Any]:
+    """The three flash_attn_varlen functions once q, k and v are apart: FlashMLA's options,
+    mlakit.mha_prefill's checks named after `op`, then the op (PyTorch) or the function."""
+    dropout_p = checks.real(op, "dropout_p", dropout_p)
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"{op}: dropout_p: mlakit's forward has no dropout: expected 0.0, got {dropout_p}")
+    checks.flag(op, "deterministic", deterministic)  # the forward is deterministic either way
+    if not checks.flag(op, "is_varlen", is_varlen):
+        raise NotImplementedError(
+            f"{op}: is_varlen: expected True (False is FlashMLA's fixed-length [b, s, h, d] layout, not supported by "
+            "mlakit: pass the batch as sequences of equal length through cu_seqlens)"
+        )
+    max_q, max_k, scale, causal = _mha_prefill.check_arguments(
+        op, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, softmax_scale, causal,
+        names=_VARLEN_NAMES[op],
+    )
+    if arrays.framework(q) == "torch":  # through torch.ops.mlakit (mlakit.torch_ops), as compiled models call it
+        import torch
+
+        from . import torch_ops  # noqa: F401  (registers the ops)
+
+        out, lse = torch.ops.mlakit.mha_prefill(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_q, max_k, scale, causal)
+    else:
+        out, lse = _mha_prefill.run(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_q, max_k, scale, causal, "auto")
+    return out, lse.T  # FlashMLA's [total_q, h_q] view of the [h_q, total_q] buffer
 
 
 def _reject_unsupported(extra_k_cache: Any, extra_indices_in_kvcache: Any, extra_topk_length: Any) -> None:

@@ -24,7 +24,8 @@ Ops (arguments as in the ``mlakit`` function of the same name):
 - ``mla_sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base) ->
   (out, max_logits, lse)``
 - ``mha_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-  causal) -> (out, lse)`` (host tensors until its GPU kernels exist)
+  causal, kernel_name="auto") -> (out, lse)`` (``lse`` [h_q, total_q]; ``kernel_name``: the
+  function's ``kernel``); ``flash_attn_varlen_func`` and its packed forms run through it
 - ``gqa_decode(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, ...) ->
   (out, lse)``; ``gqa_decode_append(..., k_new, v_new, ...)``, the same with this step's keys
   and values written into ``k_cache!``, ``v_cache!`` (and per-token scales!) first;
@@ -213,13 +214,18 @@ def _mha_prefill_op(
     max_seqlen_k: int,
     softmax_scale: Optional[float],
     causal: bool,
+    kernel_name: str = "auto",
 ) -> Tuple[Tensor, Tensor]:
+    """``kernel_name``: mlakit.mha_prefill's ``kernel``, 'auto', 'portable' or 'sm90' (CUDA
+    tensors; CPU tensors run the reference). Not called ``kernel``: Inductor's fallback for
+    custom ops takes a keyword of that name. Strided q / k / v (views of packed tensors) are
+    passed as they are."""
     return _mha_prefill.mha_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                    causal)
+                                    causal, kernel_name)
 
 
 @_mha_prefill_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel_name="auto"):
     total_q, h_q = q.shape[0], q.shape[1]
     return q.new_empty((total_q, h_q, v.shape[2])), q.new_empty((h_q, total_q), dtype=torch.float32)
 

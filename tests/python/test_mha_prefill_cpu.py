@@ -1,6 +1,8 @@
 """Dense MHA prefill forward on host (NumPy) arrays against a NumPy float64 formula written
 here: varlen batches with empty sequences, causal bottom-right alignment, GQA, every head-dim
-pair, bfloat16 bit patterns and float16, strided views, the given scale, errors."""
+pair, bfloat16 bit patterns and float16, strided views, the given scale, errors; FlashMLA's
+flash_attn_varlen_* (mlakit.flash_mla): the lse layout, the packed forms' splitting into views,
+their argument errors, and on CPU tensors the op and torch.compile without graph breaks."""
 
 import math
 
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 
 import mlakit
+from mlakit import _mha_prefill, flash_mla
 from accuracy import check_out, check_stat
 from numpy_cases import as_float, to_bf16
 
@@ -96,3 +99,155 @@ def test_empty_batches_and_rows_in_no_sequence():
     assert np.all(as_float(out[3]) == 0) and np.all(lse[:, 3] == 0)
     out, lse = mlakit.mha_prefill(q[:0], k, v, np.zeros(1, np.int32), np.zeros(1, np.int32), 0, 0)
     assert out.shape == (0, 2, 64) and lse.shape == (2, 0)
+
+
+def test_the_kernel_choice_is_checked_and_host_arrays_ignore_it():
+    rng = np.random.default_rng(40)
+    q, k, v, cu_q, cu_k = case(rng, [3, 2], [4, 2], 4, 2, 64, 64, bf16=False)
+    want_out, want_lse = mlakit.mha_prefill(q, k, v, cu_q, cu_k, 3, 4, causal=True)
+    for kernel in ("portable", "sm90"):
+        out, lse = mlakit.mha_prefill(q, k, v, cu_q, cu_k, 3, 4, causal=True, kernel=kernel)
+        assert np.array_equal(out, want_out) and np.array_equal(lse, want_lse)
+    with pytest.raises(ValueError, match=r"^mha_prefill: kernel: expected 'auto' or 'portable' or 'sm90', got 'x'"):
+        mlakit.mha_prefill(q, k, v, cu_q, cu_k, 3, 4, kernel="x")
+    with pytest.raises(TypeError, match=r"^mha_prefill: kernel: expected .*, got int"):
+        mlakit.mha_prefill(q, k, v, cu_q, cu_k, 3, 4, kernel=1)
+
+
+# ---- FlashMLA's flash_attn_varlen_* (mlakit.flash_mla) on host arrays ------------------------
+
+
+def test_flash_attn_varlen_func_returns_flash_mla_lse_layout():
+    rng = np.random.default_rng(50)
+    lq, lk = [5, 0, 17, 3], [9, 4, 17, 0]
+    q, k, v, cu_q, cu_k = case(rng, lq, lk, 4, 2, 128, 128, bf16=True)
+    out, lse = flash_mla.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 17, causal=True, deterministic=True)
+    want_out, want_lse = formula(q, k, v, cu_q, cu_k, 1 / math.sqrt(128), True)
+    check_out(as_float(out), want_out)
+    # FlashMLA returns lse [total_q, h_q], the transposed view of an [h_q, total_q] buffer.
+    assert lse.shape == (q.shape[0], 4) and lse.T.flags.c_contiguous
+    check_stat(lse.T, want_lse)
+
+
+def packed_views_spy(monkeypatch):
+    """The q, k, v mlakit.mha_prefill's run receives."""
+    seen = []
+    run = _mha_prefill.run
+
+    def record(q, k, v, *args):
+        seen.append((q, k, v))
+        return run(q, k, v, *args)
+
+    monkeypatch.setattr(_mha_prefill, "run", record)
+    return seen
+
+
+@pytest.mark.parametrize("d_qk,d_v", PAIRS)
+def test_qkvpacked_splits_q_k_v_along_the_last_dimension_as_views(d_qk, d_v, monkeypatch):
+    rng = np.random.default_rng(60 + d_qk)
+    lengths = [6, 0, 11, 2]
+    q, k, v, cu, _ = case(rng, lengths, lengths, 2, 2, d_qk, d_v, bf16=False)
+    qkv = np.concatenate([q, k, v], axis=-1)
+    seen = packed_views_spy(monkeypatch)
+    out, lse = flash_mla.flash_attn_varlen_qkvpacked_func(qkv, cu, 11, d_qk, softmax_scale=0.1, causal=True)
+    assert all(np.shares_memory(x, qkv) for x in seen[-1])
+    assert [x.shape[2] for x in seen[-1]] == [d_qk, d_qk, d_v]
+    want_out, want_lse = mlakit.mha_prefill(q, k, v, cu, cu, 11, 11, softmax_scale=0.1, causal=True)
+    assert np.array_equal(out, want_out) and np.array_equal(lse, want_lse.T)
+
+
+@pytest.mark.parametrize("d_qk,d_v", PAIRS)
+def test_kvpacked_splits_k_v_along_the_last_dimension_as_views(d_qk, d_v, monkeypatch):
+    rng = np.random.default_rng(70 + d_qk)
+    q, k, v, cu_q, cu_k = case(rng, [4, 9], [9, 1], 4, 1, d_qk, d_v, bf16=True)
+    kv = np.concatenate([k, v], axis=-1)
+    seen = packed_views_spy(monkeypatch)
+    out, lse = flash_mla.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 9, 9, d_qk)
+    assert np.shares_memory(seen[-1][1], kv) and np.shares_memory(seen[-1][2], kv)
+    want_out, want_lse = mlakit.mha_prefill(q, k, v, cu_q, cu_k, 9, 9)
+    assert np.array_equal(out, want_out) and np.array_equal(lse, want_lse.T)
+
+
+def test_flash_attn_varlen_errors_name_the_function_and_argument():
+    rng = np.random.default_rng(80)
+    q, k, v, cu_q, cu_k = case(rng, [3, 2], [4, 2], 4, 2, 128, 128, bf16=False)
+    fn, qkvp, kvp = (flash_mla.flash_attn_varlen_func, flash_mla.flash_attn_varlen_qkvpacked_func,
+                     flash_mla.flash_attn_varlen_kvpacked_func)
+    name = "flash_attn_varlen_func"
+    with pytest.raises(NotImplementedError, match=rf"^{name}: dropout_p: .*expected 0.0, got 0.1"):
+        fn(q, k, v, cu_q, cu_k, 3, 4, dropout_p=0.1)
+    with pytest.raises(TypeError, match=rf"^{name}: dropout_p: expected a float"):
+        fn(q, k, v, cu_q, cu_k, 3, 4, dropout_p="0")
+    with pytest.raises(NotImplementedError, match=rf"^{name}: is_varlen: expected True"):
+        fn(q, k, v, cu_q, cu_k, 3, 4, is_varlen=False)
+    with pytest.raises(TypeError, match=rf"^{name}: deterministic: expected a bool"):
+        fn(q, k, v, cu_q, cu_k, 3, 4, deterministic=None)
+    with pytest.raises(TypeError, match=rf"^{name}: cu_seqlens_qo: expected an array"):
+        fn(q, k, v, [0, 3, 5], cu_k, 3, 4)
+    with pytest.raises(TypeError, match=rf"^{name}: max_seqlen_kv: expected an int, got float"):
+        fn(q, k, v, cu_q, cu_k, 3, 4.0)
+    with pytest.raises(ValueError, match=rf"^{name}: k: expected a 3-d array"):
+        fn(q, k[0], v, cu_q, cu_k, 3, 4)
+    with pytest.raises(ValueError, match="max_seqlen_k"):  # the library's check of the lengths
+        fn(q, k, v, cu_q, cu_k, 3, 3)
+    with pytest.raises(TypeError, match=r"^mha_prefill: q: unsupported dtype"):  # the extension's conversion
+        fn(q.astype(np.float64), k, v, cu_q, cu_k, 3, 4)
+
+    qkv = np.concatenate([q, q, q], axis=-1)  # [5, 4, 384]
+    name = "flash_attn_varlen_qkvpacked_func"
+    with pytest.raises(ValueError, match=rf"^{name}: qkv: expected a 3-d array"):
+        qkvp(qkv[0], cu_q, 3, 128)
+    with pytest.raises(ValueError, match=rf"^{name}: head_dim_qk: expected 2 \* head_dim_qk < qkv.shape\[2\] = 384"):
+        qkvp(qkv, cu_q, 3, 192)
+    with pytest.raises(ValueError, match=rf"^{name}: head_dim_qk: expected >= 1, got 0"):
+        qkvp(qkv, cu_q, 3, 0)
+    with pytest.raises(TypeError, match=rf"^{name}: head_dim_qk: expected an int"):
+        qkvp(qkv, cu_q, 3, None)
+    with pytest.raises(TypeError, match=rf"^{name}: cu_seqlens: expected an array"):
+        qkvp(qkv, None, 3, 128)
+    with pytest.raises(TypeError, match=rf"^{name}: max_seqlen: expected an int"):
+        qkvp(qkv, cu_q, "3", 128)
+    with pytest.raises(NotImplementedError, match=rf"^{name}: dropout_p"):
+        qkvp(qkv, cu_q, 3, 128, dropout_p=0.5)
+
+    kv = np.concatenate([k, v], axis=-1)  # [6, 2, 256]
+    name = "flash_attn_varlen_kvpacked_func"
+    with pytest.raises(ValueError, match=rf"^{name}: head_dim_qk: expected q.shape\[2\] = 128, got 64"):
+        kvp(q, kv, cu_q, cu_k, 3, 4, 64)
+    with pytest.raises(ValueError, match=rf"^{name}: head_dim_qk: expected < kv.shape\[2\] = 128"):
+        kvp(q, kv[:, :, :128], cu_q, cu_k, 3, 4, 128)
+    with pytest.raises(ValueError, match=rf"^{name}: kv: expected a 3-d array"):
+        kvp(q, kv[0], cu_q, cu_k, 3, 4, 128)
+    with pytest.raises(NotImplementedError, match=rf"^{name}: is_varlen"):
+        kvp(q, kv, cu_q, cu_k, 3, 4, 128, is_varlen=False)
+
+
+def test_flash_attn_varlen_on_cpu_tensors_runs_the_op_and_compiles_without_graph_breaks():
+    torch = pytest.importorskip("torch")
+    import mlakit.torch_ops  # noqa: F401
+
+    g = torch.Generator().manual_seed(90)
+    q = torch.randn((9, 4, 64), generator=g).to(torch.bfloat16)
+    kv = torch.randn((12, 2, 128), generator=g).to(torch.bfloat16)
+    qkv = torch.randn((12, 2, 192), generator=g).to(torch.bfloat16)
+    cu_q, cu_k = torch.tensor([0, 4, 4, 9], dtype=torch.int32), torch.tensor([0, 2, 7, 12], dtype=torch.int32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out, lse = flash_mla.flash_attn_varlen_func(q, kv[:, :, :64], kv[:, :, 64:], cu_q, cu_k, 5, 5, causal=True)
+    assert any(e.name == "mlakit::mha_prefill" for e in prof.events())
+    assert lse.shape == (9, 4) and lse.stride() == (1, 9)
+
+    def step(q, kv, qkv):
+        out, lse = flash_mla.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 5, 5, 64, causal=True)
+        out2, lse2 = flash_mla.flash_attn_varlen_func(out * 0.5, kv[:, :, :64], kv[:, :, 64:], cu_q, cu_k, 5, 5)
+        out3, lse3 = flash_mla.flash_attn_varlen_qkvpacked_func(qkv, cu_k, 5, 64, causal=True)
+        return out2, lse + lse2, out3, lse3
+
+    eager = step(q, kv, qkv)
+    assert torch.equal(eager[2], mlakit.mha_prefill(qkv[:, :, :64], qkv[:, :, 64:128], qkv[:, :, 128:], cu_k, cu_k,
+                                                    5, 5, causal=True)[0])
+    explained = torch._dynamo.explain(step)(q, kv, qkv)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(q, kv, qkv)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)

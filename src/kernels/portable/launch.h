@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/mha_prefill_params.h"
 #include "kernels/mla_params.h"
 
 namespace mlakit::detail {
@@ -25,5 +26,12 @@ cudaError_t launch_mla_sparse_decode_portable(const SparseDecodeParams& params, 
 // row tile of one sequence over all of its keys, final rows written directly; no workspace,
 // no combine. The caller keeps b * row tiles <= 2^31 - 1.
 cudaError_t launch_mla_sparse_prefill_portable(const SparsePrefillParams& params, cudaStream_t stream);
+
+// MHA prefill (mha_prefill_kernel.cuh; Elem __nv_bfloat16 or __half): grid query row tiles of
+// max_seqlen_q x h_q x b; a CTA whose tile starts past its sequence's length returns at once.
+// Any (d_qk, d_v) pair of the contract, any strides with a contiguous last dimension; rows
+// 16-byte aligned take 16-byte copies, others 4-byte ones.
+template <typename Elem>
+cudaError_t launch_mha_prefill_portable(const MhaPrefillParams& params, cudaStream_t stream);
 
 }  // namespace mlakit::detail

@@ -33,13 +33,7 @@ int sm90_box_rows(int64_t page_size) {
   return 0;
 }
 
-namespace {
-
-// A 128-byte-swizzled tiled map over a 4D bf16/fp16 tensor with dims taken innermost first
-// (shape[3] .. shape[0]) and the given box. A dimension of size 1 gets the stride the dense
-// layout would have (its stride never matters but must be valid). `what` names the tensor in
-// the reason for a refusal.
-bool encode_4d_map(const TmaTensor& t, const cuuint32_t (&box)[4], const char* what, CUtensorMap* map,
+bool encode_tma_4d_map(const TmaTensor& t, const cuuint32_t (&box)[4], const char* what, CUtensorMap* map,
                    std::string* why) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
   if (encode == nullptr) {
@@ -71,12 +65,10 @@ bool encode_4d_map(const TmaTensor& t, const cuuint32_t (&box)[4], const char* w
   return true;
 }
 
-}  // namespace
-
 bool make_kv_tensor_map(const TmaTensor& kv, int box_rows, CUtensorMap* map, std::string* why) {
   // dims innermost first: d_qk, h_kv, page, num_blocks.
   const cuuint32_t box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(box_rows), 1};
-  return encode_4d_map(kv, box, "kv_cache", map, why);
+  return encode_tma_4d_map(kv, box, "kv_cache", map, why);
 }
 
 bool make_q_tensor_map(const TmaTensor& q, int heads_per_kv, CUtensorMap* map, std::string* why) {
@@ -88,7 +80,7 @@ bool make_q_tensor_map(const TmaTensor& q, int heads_per_kv, CUtensorMap* map, s
   const int box_heads = heads_per_kv >= kBoxCols ? kBoxCols : heads_per_kv;
   const cuuint32_t box[4] = {kBoxCols, static_cast<cuuint32_t>(box_heads),
                              static_cast<cuuint32_t>(kTileKeys / box_heads), 1};
-  return encode_4d_map(q, box, "q", map, why);
+  return encode_tma_4d_map(q, box, "q", map, why);
 }
 
 bool make_sparse_prefill_q_tensor_map(const TmaTensor& q, CUtensorMap* map, std::string* why) {

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "kernels/mha_prefill_params.h"
 #include "kernels/mla_params.h"
 
 namespace mlakit::detail {
@@ -21,6 +22,13 @@ struct TmaTensor {
   int64_t shape[4] = {};
   int64_t stride[4] = {};
 };
+
+// A 128-byte-swizzled tiled map over a 4D bf16/fp16 tensor with dims taken innermost first
+// (shape[3] .. shape[0]) and the given box (innermost first). A dimension of size 1 gets the
+// stride the dense layout would have (its stride never matters but must be valid). `what`
+// names the tensor in the reason for a refusal (false, `why` set).
+bool encode_tma_4d_map(const TmaTensor& t, const cuuint32_t (&box)[4], const char* what, CUtensorMap* map,
+                       std::string* why);
 
 // Rows per TMA box for a page size: 64-key tiles are loaded as whole 64-row boxes when the
 // page is a multiple of 64, as 64 / page boxes when page is 16 or 32; 0 = not supported by
@@ -63,5 +71,27 @@ cudaError_t launch_mla_sparse_prefill_sm90(const SparsePrefillParams& params, co
 // q_map (make_q_tensor_map with h_q heads per kv head): the Q tiles by TMA; nullptr: cp.async.
 cudaError_t launch_mla_sparse_decode_sm90(const SparseDecodeParams& params, const CUtensorMap* q_map,
                                           cudaStream_t stream);
+
+// ---- MHA prefill (mha_prefill/) ----
+
+// Tile heights of the Hopper MHA prefill (its Config asserts the same): 128 query rows; 128
+// keys, 64 at d_v 256 (where O takes 128 registers per thread).
+inline constexpr int kMhaSm90BlockM = 128;
+constexpr int mha_sm90_block_n(int d_v) { return d_v <= 128 ? 128 : 64; }
+
+// Its TMA maps: q, k and v as 4D maps {d, heads, tokens, 1} read in boxes of 64 columns x 1
+// head x a tile of tokens, 128-byte swizzled.
+struct MhaPrefillMaps {
+  CUtensorMap q, k, v;
+};
+
+// Builds the maps for `params`. False with the driver's reason when a tensor cannot be
+// described (unaligned base or strides, sizes past TMA's limits).
+bool make_mha_prefill_maps(const MhaPrefillParams& params, bool bf16, MhaPrefillMaps* maps, std::string* why);
+
+// Grid (query tiles of max_seqlen_q, h_q, b), the longest causal tiles first; one producer
+// warp and two consumer warpgroups of 64 query rows each. Elem: __nv_bfloat16 or __half.
+template <typename Elem>
+cudaError_t launch_mha_prefill_sm90(const MhaPrefillParams& params, const MhaPrefillMaps& maps, cudaStream_t stream);
 
 }  // namespace mlakit::detail

@@ -1,0 +1,17 @@
+// Dispatch of the MHA prefill: validated arguments -> the Hopper kernel (when its tensor maps
+// can be built) or the portable kernel. Plain C++ interface; implemented in CUDA.
+#pragma once
+
+#include "common/mha_prefill_shape.h"
+#include "mlakit/mha_prefill.h"
+
+namespace mlakit::detail {
+
+// Arguments validated (validate_mha_prefill_args and the GPU entry's layout and grid rules),
+// not an empty problem; `softmax_scale` resolved; `kernel` resolved (kPortable or kSm90).
+// `sm90_required`: the caller asked for kSm90 explicitly, so a layout the Hopper kernel
+// cannot take is an error instead of a fall-back to the portable kernel.
+Status dispatch_mha_prefill(const MhaPrefillArgs& args, const MhaPrefillShape& shape, float softmax_scale,
+                            bool sm90_required, MlaKernel kernel, cudaStream_t stream);
+
+}  // namespace mlakit::detail

@@ -1,0 +1,92 @@
+// Public GPU entry point of the MHA prefill: validation, layout rules of the kernels, device
+// checks, dispatch. Today's kernels need no workspace (mha_prefill_workspace_size says 0).
+#include "mlakit/mha_prefill.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "host/check.h"
+#include "host/decode_layout.h"
+#include "host/device.h"
+#include "host/mha_prefill_validate.h"
+#include "host/mla_decode_validate.h"
+#if MLAKIT_WITH_CUDA
+#include "dispatch/mha_prefill_dispatch.h"
+#endif
+
+namespace mlakit {
+namespace {
+
+constexpr const char* kOp = "mha_prefill";
+
+// Rows of `t` start at multiples of `bytes` (base pointer and the two outer strides): the
+// kernels move two 16-bit values at a time at least (the Hopper kernel needs 16-byte rows of
+// q, k and v; the dispatch falls back to the portable kernel without them).
+Status check_row_alignment(const char* name, const TensorRef& t, int64_t bytes) {
+  const auto elem = static_cast<int64_t>(dtype_size(t.dtype));
+  const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % bytes == 0 &&
+                       (t.stride[0] * elem) % bytes == 0 && (t.stride[1] * elem) % bytes == 0;
+  if (aligned) return Status::ok();
+  return detail::invalid(kOp, std::string(name) + ": the kernel needs rows aligned to " + std::to_string(bytes) +
+                                  " bytes (data pointer and strides[0..1] multiples of " +
+                                  std::to_string(bytes / elem) + " elements), got strides (" +
+                                  std::to_string(t.stride[0]) + ", " + std::to_string(t.stride[1]) + ")");
+}
+
+}  // namespace
+
+Status mha_prefill_workspace_size(const MhaPrefillArgs& args, std::size_t* bytes) {
+  if (bytes == nullptr) return detail::invalid(kOp, "bytes: expected a pointer, got nullptr");
+  detail::MhaPrefillShape shape;
+  MLAKIT_RETURN_IF_ERROR(detail::validate_mha_prefill_args(kOp, args, /*allow_float_out=*/false, &shape));
+  *bytes = 0;
+  return Status::ok();
+}
+
+Status mha_prefill(const MhaPrefillArgs& args, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  (void)workspace;
+  (void)workspace_bytes;  // no kernel needs any yet (mha_prefill_workspace_size)
+  detail::MhaPrefillShape shape;
+  MLAKIT_RETURN_IF_ERROR(detail::validate_mha_prefill_args(kOp, args, /*allow_float_out=*/false, &shape));
+  constexpr int64_t kPairBytes = 4;
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment("q", args.q, kPairBytes));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment("k", args.k, kPairBytes));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment("v", args.v, kPairBytes));
+  MLAKIT_RETURN_IF_ERROR(check_row_alignment("out", args.out, kPairBytes));
+  if (args.kernel == MlaKernel::kSm90) {  // TMA reads q, k and v in 16-byte rows
+    constexpr int64_t kTmaBytes = 16;
+    MLAKIT_RETURN_IF_ERROR(check_row_alignment("q", args.q, kTmaBytes));
+    MLAKIT_RETURN_IF_ERROR(check_row_alignment("k", args.k, kTmaBytes));
+    MLAKIT_RETURN_IF_ERROR(check_row_alignment("v", args.v, kTmaBytes));
+  }
+  detail::DeviceInfo dev;
+  MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
+  const std::pair<const char*, const void*> pointers[] = {
+      {"q", args.q.data},   {"k", args.k.data},     {"v", args.v.data}, {"cu_seqlens_q", args.cu_seqlens_q.data},
+      {"cu_seqlens_k", args.cu_seqlens_k.data}, {"out", args.out.data}, {"lse", args.lse.data}};
+  for (const auto& [name, ptr] : pointers) {
+    if (ptr != nullptr) MLAKIT_RETURN_IF_ERROR(detail::check_device_pointer(kOp, name, ptr, dev.ordinal));
+  }
+  detail::DecodeKernelTraits traits;
+  MLAKIT_RETURN_IF_ERROR(detail::select_decode_kernel(kOp, dev, args.kernel, &traits, "kernel"));
+  if (detail::is_empty_problem(shape)) return Status::ok();
+  // The kernels' grids are (query tiles, h_q, b): CUDA caps the last two at 65535.
+  constexpr int64_t kMaxGridYZ = 65535;
+  if (shape.b > kMaxGridYZ) {
+    return detail::unsupported(kOp, "cu_seqlens_q.shape[0] (b + 1): expected b <= 65535, got " +
+                                        std::to_string(shape.b));
+  }
+  if (shape.h_q > kMaxGridYZ) {
+    return detail::unsupported(kOp, "q.shape[1] (h_q): expected <= 65535, got " + std::to_string(shape.h_q));
+  }
+#if MLAKIT_WITH_CUDA
+  return detail::dispatch_mha_prefill(args, shape, detail::resolve_softmax_scale(args.softmax_scale, shape.d_qk),
+                                      args.kernel == MlaKernel::kSm90, traits.kernel, stream);
+#else
+  (void)stream;
+  return detail::built_without_cuda(kOp);
+#endif
+}
+
+}  // namespace mlakit

@@ -1,0 +1,6 @@
+// The portable MHA prefill kernel for fp16 (all four head-dim pairs).
+#include "kernels/portable/mha_prefill_kernel.cuh"
+
+namespace mlakit::detail {
+template cudaError_t launch_mha_prefill_portable<__half>(const MhaPrefillParams&, cudaStream_t);
+}  // namespace mlakit::detail

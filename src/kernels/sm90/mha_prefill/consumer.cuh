@@ -1,0 +1,248 @@
+// A consumer warpgroup of the Hopper MHA prefill: 64 query rows of the CTA's tile against
+// every key tile the producer streams, online softmax in base 2, output and LSE stored
+// directly.
+//
+// Per key tile i (run last tile first) the warpgroup issues S_i = Q K_i^T (SS wgmma, N =
+// kBlockN) and, behind it, O += P_{i-1} V_{i-1} (RS wgmma: P from registers, V N-major), then
+// waits for S_i only: the softmax of tile i runs while the tensor cores still work on
+// P_{i-1} V_{i-1}. The rescaling of O by the moved row max (the correction) waits for that
+// product and is folded into the same pass that hands P_i to the next product.
+//
+// Fragments (device/sm90/wgmma_fragment.cuh): score register j of a thread is in row
+// r0 + 8 ((j >> 1) & 1) (r0 = 16 warp + lane / 4) and column 8 (j >> 2) + 2 (lane % 4) +
+// (j & 1); the four lanes of a quad share a row. The RS A-fragment of key block kb (keys
+// 16 kb .. 16 kb + 15) is pack(P[8 kb + 2 r], P[8 kb + 2 r + 1]), r < 4.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "device/numeric.cuh"
+#include "device/sm90/sync.cuh"
+#include "device/sm90/wgmma.cuh"
+#include "device/sm90/wgmma_fragment.cuh"
+#include "kernels/sm90/mha_prefill/config.cuh"
+#include "kernels/sm90/mha_prefill/work_tile.cuh"
+
+namespace mlakit::detail::mha_sm90 {
+
+template <class C, typename Elem>
+class Consumer {
+ public:
+  static constexpr int kSRegs = C::kBlockN / 2;
+  static constexpr int kORegs = C::kDv / 2;
+  static constexpr int kKeySteps = C::kBlockN / 16;  // k16 steps of P V
+  static constexpr int kQkSteps = C::kDqk / 16;      // k16 steps of Q K^T
+  static constexpr int kStepsPerSlab = C::kSlabCols / 16;
+
+  // g: consumer index (0, 1); t: thread within the warpgroup.
+  __device__ Consumer(const MhaPrefillParams& p, Smem<C>& sm, const WorkTile& w, int g, int t)
+      : p_(p), sm_(sm), w_(w), t_(t), lane_(t % dev::kWarpSize) {
+    row0_ = w.m_block * C::kBlockM + g * C::kRowsPerConsumer + dev::acc_row(t, 0);  // the upper row
+    first_row_ = w.m_block * C::kBlockM + g * C::kRowsPerConsumer;
+    q_desc_base_ = dev::smem_u32(&sm.q[0][0]) + g * C::kConsumerQOffset;
+  }
+
+  __device__ void run() {
+    if (w_.n_blocks == 0) {  // no key visible to any row: out 0, lse +inf
+      store_empty();
+      return;
+    }
+    dev::mbarrier_wait(&sm_.q_full, 0);
+    float s[kSRegs];
+    uint32_t pfrag[kKeySteps][4];
+    float o[kORegs];
+    m_[0] = m_[1] = -INFINITY;
+    l_[0] = l_[1] = 0.f;
+
+    // The first tile: S alone, then its softmax (nothing to rescale yet).
+    scores(s, 0);
+    dev::wgmma_wait<0>();
+    dev::fence_registers(s);
+    release(&sm_.k_empty[0]);
+    float unused[2];
+    softmax(s, w_.n_blocks - 1, unused);
+    to_fragments(s, pfrag);
+
+#pragma unroll 1
+    for (int it = 1; it < w_.n_blocks; ++it) {
+      const int stage = it % C::kStages, prev = (it - 1) % C::kStages;
+      scores(s, it);
+      dev::mbarrier_wait(&sm_.v_full[prev], ((it - 1) / C::kStages) & 1);
+      product(o, pfrag, prev, /*accumulate=*/it > 1);
+      dev::wgmma_wait<1>();  // S_it done; P_{it-1} V_{it-1} may still run
+      dev::fence_registers(s);
+      release(&sm_.k_empty[stage]);
+      float correction[2];
+      softmax(s, w_.n_blocks - 1 - it, correction);
+      dev::wgmma_wait<0>();
+      dev::fence_registers(o);
+      dev::fence_registers(pfrag);
+      release(&sm_.v_empty[prev]);
+      rescale(o, correction);
+      to_fragments(s, pfrag);
+    }
+    const int last = (w_.n_blocks - 1) % C::kStages;
+    dev::mbarrier_wait(&sm_.v_full[last], ((w_.n_blocks - 1) / C::kStages) & 1);
+    product(o, pfrag, last, /*accumulate=*/w_.n_blocks > 1);
+    dev::wgmma_wait<0>();
+    dev::fence_registers(o);
+    release(&sm_.v_empty[last]);
+    store(o);
+  }
+
+ private:
+  using MmaS = dev::Wgmma<C::kBlockN, Elem>;
+  using MmaO = dev::Wgmma<C::kDv, Elem>;
+
+  // Lane 0 of each warp frees a stage once the warp's wgmma reads of it are complete.
+  __device__ void release(uint64_t* bar) const {
+    if (lane_ == 0) dev::mbarrier_arrive(bar);
+  }
+
+  // Issues S = Q K^T for run index `it` (waits for its K tile first) and commits it.
+  __device__ void scores(float (&s)[kSRegs], int it) {
+    const int stage = it % C::kStages;
+    dev::mbarrier_wait(&sm_.k_full[stage], (it / C::kStages) & 1);
+    const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(q_desc_base_, 16, 1024));
+    const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.k[stage][0][0]), 16, 1024));
+    dev::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kQkSteps; ++k) {
+      const uint32_t in_slab = (k % kStepsPerSlab) * 32;
+      const int slab = k / kStepsPerSlab;
+      MmaS::template ss<0>(s, dev::advance_desc(q_desc, slab * C::kQSlabBytes + in_slab),
+                           dev::advance_desc(k_desc, slab * C::kKvSlabBytes + in_slab), k > 0);
+    }
+    dev::wgmma_commit();
+  }
+
+  // Issues O (+)= P V over the V tile of `stage` and commits it.
+  __device__ void product(float (&o)[kORegs], const uint32_t (&pfrag)[kKeySteps][4], int stage, bool accumulate) {
+    // V [keys][d] is N-major for this product: 8-key groups 1024 bytes apart, 64-column slabs
+    // a slab apart (PTX ISA 9.7.15.5.1.2.1; docs/hopper.md).
+    const uint64_t v_desc =
+        dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.v[stage][0][0]), C::kKvSlabBytes, 1024));
+    dev::wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < kKeySteps; ++kb) {
+      MmaO::template rs<1>(o, pfrag[kb], dev::advance_desc(v_desc, kb * 16 * dev::kSwizzleRowBytes),
+                           accumulate || kb > 0);
+    }
+    dev::wgmma_commit();
+  }
+
+  // Scores of key tile n -> P = 2^(scaled - m) in place; m_, l_ updated; `correction` gets
+  // the factor 2^(m_old - m_new) by which O must be scaled (per row half).
+  __device__ void softmax(float (&s)[kSRegs], int n, float (&correction)[2]) {
+    const int key0 = n * C::kBlockN;
+    // Tiles with no key past the sequence and none past the causal diagonal for any of this
+    // warpgroup's rows need no mask (most tiles of a long sequence).
+    const bool masked = key0 + C::kBlockN > w_.k_len ||
+                        (p_.causal && key0 + C::kBlockN - 1 > first_row_ + w_.k_len - w_.q_len);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kSRegs; ++j) {
+      const int h = dev::acc_row_half(j);
+      float x = s[j] * p_.scale_log2;
+      if (masked) {
+        const int key = key0 + dev::acc_col(lane_, j);
+        const int row = row0_ + 8 * h;
+        const bool visible = key < w_.k_len && (!p_.causal || key <= row + w_.k_len - w_.q_len);
+        x = visible ? x : -INFINITY;
+      }
+      s[j] = x;
+      mx[h] = fmaxf(mx[h], x);
+    }
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float m_new = fmaxf(m_[h], mx[h]);
+      // A row that has seen no key keeps m = -inf: its P are 2^-inf = 0 and O stays 0.
+      correction[h] = m_new == -INFINITY ? 1.f : device::fast_exp2(m_[h] - m_new);
+      base[h] = m_new == -INFINITY ? 0.f : m_new;
+      m_[h] = m_new;
+      l_[h] *= correction[h];
+    }
+#pragma unroll
+    for (int j = 0; j < kSRegs; ++j) {
+      const int h = dev::acc_row_half(j);
+      s[j] = device::fast_exp2(s[j] - base[h]);
+      l_[h] += s[j];
+    }
+  }
+
+  __device__ static void rescale(float (&o)[kORegs], const float (&correction)[2]) {
+#pragma unroll
+    for (int j = 0; j < kORegs; ++j) o[j] *= correction[dev::acc_row_half(j)];
+  }
+
+  __device__ static void to_fragments(const float (&s)[kSRegs], uint32_t (&pfrag)[kKeySteps][4]) {
+#pragma unroll
+    for (int kb = 0; kb < kKeySteps; ++kb) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pfrag[kb][r] = device::ElemOps<Elem>::pack(s[8 * kb + 2 * r], s[8 * kb + 2 * r + 1]);
+    }
+  }
+
+  // Global offsets of this thread's row half h (the sequence's rows only).
+  __device__ bool row_valid(int h) const { return row0_ + 8 * h < w_.q_rows; }
+  __device__ int64_t token(int h) const { return static_cast<int64_t>(w_.q_begin) + row0_ + 8 * h; }
+
+  __device__ void store_lse(int h, float value) const {
+    if (p_.lse != nullptr && lane_ % 4 == 0 && row_valid(h)) {
+      p_.lse[w_.head * p_.lse_stride_h + token(h) * p_.lse_stride_t] = value;
+    }
+  }
+
+  // out = O / l per row (0 for a row without a visible key), lse = ln(2) (m + log2 l).
+  __device__ void store(float (&o)[kORegs]) {
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv[h] = l > 0.f ? 1.f / l : 0.f;
+      store_lse(h, l > 0.f ? (m_[h] + __log2f(l)) * device::kLn2 : INFINITY);
+    }
+    Elem* out = static_cast<Elem*>(p_.out);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!row_valid(h)) continue;
+      Elem* row = out + token(h) * p_.out_stride_t + static_cast<int64_t>(w_.head) * p_.out_stride_h;
+#pragma unroll
+      for (int c = 0; c < kORegs / 4; ++c) {
+        const int j = 4 * c + 2 * h;
+        *reinterpret_cast<uint32_t*>(row + dev::acc_col(lane_, j)) =
+            device::ElemOps<Elem>::pack(o[j] * inv[h], o[j + 1] * inv[h]);
+      }
+    }
+  }
+
+  __device__ void store_empty() const {
+    Elem* out = static_cast<Elem*>(p_.out);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      store_lse(h, INFINITY);
+      if (!row_valid(h)) continue;
+      Elem* row = out + token(h) * p_.out_stride_t + static_cast<int64_t>(w_.head) * p_.out_stride_h;
+      for (int c = 0; c < kORegs / 4; ++c) {
+        *reinterpret_cast<uint32_t*>(row + dev::acc_col(lane_, 4 * c)) = 0u;
+      }
+    }
+  }
+
+  const MhaPrefillParams& p_;
+  Smem<C>& sm_;
+  const WorkTile& w_;
+  int t_, lane_;
+  int row0_;       // this thread's upper row within the sequence
+  int first_row_;  // the warpgroup's first row within the sequence
+  uint32_t q_desc_base_;
+  float m_[2], l_[2];  // running max (scaled, base 2) and this thread's partial row sums
+};
+
+}  // namespace mlakit::detail::mha_sm90

@@ -1,0 +1,70 @@
+// Hopper (sm_90a) MHA prefill forward: a query tile of 128 rows of one head of one sequence
+// per CTA against all of its visible keys.
+//
+// Roles (384 threads, one CTA per SM): warpgroup 0 gives its registers back and one warp of
+// it produces (producer.cuh: Q once, K and V tiles by TMA through two stages each);
+// warpgroups 1 and 2 consume 64 rows each (consumer.cuh). Barriers (config.cuh):
+// q_full, k_full / v_full (the producer's arrival plus the TMA bytes), k_empty / v_empty
+// (lane 0 of each of the 8 consumer warps after its wgmma reads), v_landed (the producer's
+// own wait for the one tile whose rows past the sequence it zeroes). Grid: work_tile.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
+#include "kernels/sm90/launch.h"
+#include "kernels/sm90/mha_prefill/config.cuh"
+#include "kernels/sm90/mha_prefill/consumer.cuh"
+#include "kernels/sm90/mha_prefill/producer.cuh"
+#include "kernels/sm90/mha_prefill/work_tile.cuh"
+
+namespace mlakit::detail::mha_sm90 {
+
+template <class C, typename Elem>
+__global__ void __launch_bounds__(C::kThreads, 1)
+    mha_prefill_sm90_kernel(const __grid_constant__ MhaPrefillParams p, const __grid_constant__ MhaPrefillMaps maps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const WorkTile w = work_tile<C>(p);
+  if (!w.has_rows) return;  // uniform over the CTA: nobody waits on anybody yet
+  extern __shared__ uint8_t smem_raw[];
+  Smem<C>& sm = setup_shared_memory<C>(smem_raw);
+  const int warpgroup = static_cast<int>(threadIdx.x) / dev::kWarpgroupThreads;
+  if (warpgroup == 0) {
+    dev::setmaxnreg_dec<C::kProducerRegs>();
+    if (threadIdx.x < dev::kWarpSize && w.n_blocks > 0) produce<C>(maps, w, sm, static_cast<int>(threadIdx.x));
+  } else {
+    dev::setmaxnreg_inc<C::kConsumerRegs>();
+    Consumer<C, Elem> consumer(p, sm, w, warpgroup - 1, static_cast<int>(threadIdx.x) % dev::kWarpgroupThreads);
+    consumer.run();
+  }
+#endif
+}
+
+template <class C, typename Elem>
+cudaError_t launch(const MhaPrefillParams& p, const MhaPrefillMaps& maps, cudaStream_t stream) {
+  auto kernel = &mha_prefill_sm90_kernel<C, Elem>;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<C>);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.max_seqlen_q + C::kBlockM - 1) / C::kBlockM, p.h_q, p.b);
+  if (grid.x == 0) return cudaSuccess;  // every sequence empty: nothing to write
+  kernel<<<grid, C::kThreads, kSmemBytes<C>, stream>>>(p, maps);
+  return cudaGetLastError();
+}
+
+}  // namespace mlakit::detail::mha_sm90
+
+namespace mlakit::detail {
+
+template <typename Elem>
+cudaError_t launch_mha_prefill_sm90(const MhaPrefillParams& p, const MhaPrefillMaps& maps, cudaStream_t stream) {
+  using mha_sm90::Config;
+  using mha_sm90::launch;
+  if (p.d_qk == 64) return launch<Config<64, 64>, Elem>(p, maps, stream);
+  if (p.d_qk == 128) return launch<Config<128, 128>, Elem>(p, maps, stream);
+  if (p.d_qk == 192) return launch<Config<192, 128>, Elem>(p, maps, stream);
+  return launch<Config<256, 256>, Elem>(p, maps, stream);
+}
+
+}  // namespace mlakit::detail
