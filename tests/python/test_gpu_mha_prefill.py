@@ -341,8 +341,9 @@ def test_compiled_flash_attn_varlen_has_no_graph_break_and_matches_eager():
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True)(q, kv, qkv)
     torch.cuda.synchronize()
-    for a, b in zip(eager, compiled):
-        assert a.shape == b.shape and torch.equal(a, b)
+    rows = [int(cu_q[-1])] * 2 + [int(cu_k[-1])] * 2  # rows past the last sequence are not written
+    for a, b, n in zip(eager, compiled, rows):
+        assert a.shape == b.shape and torch.equal(a[:n], b[:n])
 
 
 def test_a_cuda_graph_replayed_with_new_lengths_matches_eager():
@@ -369,5 +370,6 @@ def test_a_cuda_graph_replayed_with_new_lengths_matches_eager():
         graph.replay()
         want_out, want_lse = step()
         torch.cuda.synchronize()
-        assert torch.equal(outs[0], want_out) and torch.equal(outs[1], want_lse), replay
+        end = sum(lq)  # rows past the last sequence are not written
+        assert torch.equal(outs[0][:end], want_out[:end]) and torch.equal(outs[1][:end], want_lse[:end]), replay
     check(outs[0], outs[1].T, *reference(q, k, v, cu_q, cu_k, causal=True))

@@ -37,7 +37,7 @@ class Consumer {
 
   // g: consumer index (0, 1); t: thread within the warpgroup.
   __device__ Consumer(const MhaPrefillParams& p, Smem<C>& sm, const WorkTile& w, int g, int t)
-      : p_(p), sm_(sm), w_(w), t_(t), lane_(t % dev::kWarpSize) {
+      : p_(p), sm_(sm), w_(w), g_(g), t_(t), lane_(t % dev::kWarpSize) {
     row0_ = w.m_block * C::kBlockM + g * C::kRowsPerConsumer + dev::acc_row(t, 0);  // the upper row
     first_row_ = w.m_block * C::kBlockM + g * C::kRowsPerConsumer;
     q_desc_base_ = dev::smem_u32(&sm.q[0][0]) + g * C::kConsumerQOffset;
@@ -48,6 +48,7 @@ class Consumer {
       store_empty();
       return;
     }
+    if (g_ == 1) pass_turn();  // consumer 0 issues first
     dev::mbarrier_wait(&sm_.q_full, 0);
     float s[kSRegs];
     uint32_t pfrag[kKeySteps][4];
@@ -56,7 +57,10 @@ class Consumer {
     l_[0] = l_[1] = 0.f;
 
     // The first tile: S alone, then its softmax (nothing to rescale yet).
+    wait_k(0);
+    wait_turn();
     scores(s, 0);
+    pass_turn();
     dev::wgmma_wait<0>();
     dev::fence_registers(s);
     release(&sm_.k_empty[0]);
@@ -67,9 +71,12 @@ class Consumer {
 #pragma unroll 1
     for (int it = 1; it < w_.n_blocks; ++it) {
       const int stage = it % C::kStages, prev = (it - 1) % C::kStages;
-      scores(s, it);
+      wait_k(it);
       dev::mbarrier_wait(&sm_.v_full[prev], ((it - 1) / C::kStages) & 1);
+      wait_turn();
+      scores(s, it);
       product(o, pfrag, prev, /*accumulate=*/it > 1);
+      pass_turn();
       dev::wgmma_wait<1>();  // S_it done; P_{it-1} V_{it-1} may still run
       dev::fence_registers(s);
       release(&sm_.k_empty[stage]);
@@ -84,7 +91,9 @@ class Consumer {
     }
     const int last = (w_.n_blocks - 1) % C::kStages;
     dev::mbarrier_wait(&sm_.v_full[last], ((w_.n_blocks - 1) / C::kStages) & 1);
+    wait_turn();
     product(o, pfrag, last, /*accumulate=*/w_.n_blocks > 1);
+    if (g_ == 0) pass_turn();  // consumer 1's last turn passes to nobody: the barriers end balanced
     dev::wgmma_wait<0>();
     dev::fence_registers(o);
     release(&sm_.v_empty[last]);
@@ -100,10 +109,24 @@ class Consumer {
     if (lane_ == 0) dev::mbarrier_arrive(bar);
   }
 
-  // Issues S = Q K^T for run index `it` (waits for its K tile first) and commits it.
+  // Turns (ping-pong): the two consumers take turns to issue their wgmmas, so that one's
+  // softmax runs while the tensor cores work on the other's products. Named barrier
+  // kTurnBarrier + g completes when consumer g waits (bar.sync) and the other consumer has
+  // passed the turn to it (bar.arrive): each consumer waits once per turn and passes once
+  // after it, but for consumer 1's last turn; consumer 1's arrival at the start gives
+  // consumer 0 the first turn. Barrier 0 is __syncthreads'.
+  static constexpr uint32_t kTurnBarrier = 1;
+  static constexpr uint32_t kTurnThreads = 2 * dev::kWarpgroupThreads;
+  __device__ void wait_turn() const { dev::named_barrier_sync(kTurnBarrier + g_, kTurnThreads); }
+  __device__ void pass_turn() const { dev::named_barrier_arrive(kTurnBarrier + (g_ ^ 1), kTurnThreads); }
+
+  __device__ void wait_k(int it) const {
+    dev::mbarrier_wait(&sm_.k_full[it % C::kStages], (it / C::kStages) & 1);
+  }
+
+  // Issues S = Q K^T for run index `it` (its K tile landed: wait_k) and commits it.
   __device__ void scores(float (&s)[kSRegs], int it) {
     const int stage = it % C::kStages;
-    dev::mbarrier_wait(&sm_.k_full[stage], (it / C::kStages) & 1);
     const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(q_desc_base_, 16, 1024));
     const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.k[stage][0][0]), 16, 1024));
     dev::wgmma_fence();
@@ -132,36 +155,41 @@ class Consumer {
     dev::wgmma_commit();
   }
 
-  // Scores of key tile n -> P = 2^(scaled - m) in place; m_, l_ updated; `correction` gets
-  // the factor 2^(m_old - m_new) by which O must be scaled (per row half).
+  // The reference max of a row moves only when the row's max passes it by more than this: P
+  // then stays <= 2^kRescaleSlack and O is rescaled rarely (LSE = m + log2 l holds for any
+  // reference).
+  static constexpr float kRescaleSlack = 8.f;
+
+  // Scores of key tile n -> P = 2^(scale_log2 * s - m) in place; m_, l_ updated;
+  // `correction` gets the factor 2^(m_old - m_new) by which O must be scaled (per row half).
+  // The mask and the scale are uniform branches outside the per-element loops.
   __device__ void softmax(float (&s)[kSRegs], int n, float (&correction)[2]) {
     const int key0 = n * C::kBlockN;
     // Tiles with no key past the sequence and none past the causal diagonal for any of this
-    // warpgroup's rows need no mask (most tiles of a long sequence).
+    // warpgroup's rows need no mask (all but the first one or two run).
     const bool masked = key0 + C::kBlockN > w_.k_len ||
                         (p_.causal && key0 + C::kBlockN - 1 > first_row_ + w_.k_len - w_.q_len);
-    float mx[2] = {-INFINITY, -INFINITY};
+    const float scale = p_.scale_log2;
+    float exp_scale = scale;
+    float mx[2];
+    if (scale > 0.f) {  // logits in the scores' order: the max of the raw scores, one FFMA each
+      if (masked) mask(s, key0);
+      row_max(s, mx);
+      mx[0] *= scale;
+      mx[1] *= scale;
+    } else {  // a zero or negative scale: scale first (-inf must stay -inf), then mask
 #pragma unroll
-    for (int j = 0; j < kSRegs; ++j) {
-      const int h = dev::acc_row_half(j);
-      float x = s[j] * p_.scale_log2;
-      if (masked) {
-        const int key = key0 + dev::acc_col(lane_, j);
-        const int row = row0_ + 8 * h;
-        const bool visible = key < w_.k_len && (!p_.causal || key <= row + w_.k_len - w_.q_len);
-        x = visible ? x : -INFINITY;
-      }
-      s[j] = x;
-      mx[h] = fmaxf(mx[h], x);
+      for (int j = 0; j < kSRegs; ++j) s[j] *= scale;
+      if (masked) mask(s, key0);
+      row_max(s, mx);
+      exp_scale = 1.f;
     }
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      const float m_new = fmaxf(m_[h], mx[h]);
+      const float m_new = mx[h] > m_[h] + kRescaleSlack ? mx[h] : m_[h];
       // A row that has seen no key keeps m = -inf: its P are 2^-inf = 0 and O stays 0.
-      correction[h] = m_new == -INFINITY ? 1.f : device::fast_exp2(m_[h] - m_new);
+      correction[h] = m_new == m_[h] ? 1.f : device::fast_exp2(m_[h] - m_new);
       base[h] = m_new == -INFINITY ? 0.f : m_new;
       m_[h] = m_new;
       l_[h] *= correction[h];
@@ -169,12 +197,42 @@ class Consumer {
 #pragma unroll
     for (int j = 0; j < kSRegs; ++j) {
       const int h = dev::acc_row_half(j);
-      s[j] = device::fast_exp2(s[j] - base[h]);
+      s[j] = device::fast_exp2(fmaf(s[j], exp_scale, -base[h]));
       l_[h] += s[j];
     }
   }
 
+  // Keys past the sequence and, with causal, past each row's diagonal -> -inf.
+  __device__ void mask(float (&s)[kSRegs], int key0) const {
+    int last[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      last[h] = w_.k_len - 1;
+      if (p_.causal) last[h] = min(last[h], row0_ + 8 * h + w_.k_len - w_.q_len);
+      last[h] -= key0;
+    }
+#pragma unroll
+    for (int j = 0; j < kSRegs; ++j) {
+      s[j] = dev::acc_col(lane_, j) <= last[dev::acc_row_half(j)] ? s[j] : -INFINITY;
+    }
+  }
+
+  // Each row half's max over the quad (every lane of a row gets it).
+  __device__ static void row_max(const float (&s)[kSRegs], float (&mx)[2]) {
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kSRegs; ++j) mx[dev::acc_row_half(j)] = fmaxf(mx[dev::acc_row_half(j)], s[j]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    }
+  }
+
+  // O *= correction per row, skipped by a warp none of whose rows' reference moved (most
+  // tiles after the first few).
   __device__ static void rescale(float (&o)[kORegs], const float (&correction)[2]) {
+    if (!__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) return;
 #pragma unroll
     for (int j = 0; j < kORegs; ++j) o[j] *= correction[dev::acc_row_half(j)];
   }
@@ -238,7 +296,7 @@ class Consumer {
   const MhaPrefillParams& p_;
   Smem<C>& sm_;
   const WorkTile& w_;
-  int t_, lane_;
+  int g_, t_, lane_;
   int row0_;       // this thread's upper row within the sequence
   int first_row_;  // the warpgroup's first row within the sequence
   uint32_t q_desc_base_;
