@@ -26,7 +26,6 @@ struct Config {
   static constexpr int kBlockM = kConsumers * kRowsPerConsumer;
   // 128 keys where the registers allow (S 64 + P 32 + O d_v / 2 per thread), 64 at d 256.
   static constexpr int kBlockN = mha_sm90_block_n(kDv);
-  static constexpr int kStages = 2;
   static constexpr int kThreads = (1 + kConsumers) * dev::kWarpgroupThreads;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
@@ -42,7 +41,14 @@ struct Config {
   static constexpr uint32_t kKBytes = kQkSlabs * kKvSlabBytes;
   static constexpr uint32_t kVBytes = kVSlabs * kKvSlabBytes;
 
+  // As many K / V stages as the shared memory holds beside Q, at most 4: 3 at d 128, 2 at
+  // d 192 and 256, 4 at d 64 (227 KiB opt-in, less the alignment slack and the barriers).
+  static constexpr int kSmemBudget = 227 * 1024 - 1024 - 256;
+  static constexpr int kStagesThatFit = (kSmemBudget - static_cast<int>(kQBytes)) / static_cast<int>(kKBytes + kVBytes);
+  static constexpr int kStages = kStagesThatFit < 4 ? kStagesThatFit : 4;
+
   static_assert(kBlockM == kMhaSm90BlockM, "the maps' Q boxes");
+  static_assert(kStages >= 2, "double buffering at least");
   static_assert(kDqk % kSlabCols == 0 && kDv % kSlabCols == 0, "head dims are whole slabs");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "one wgmma N and whole k16 steps of P.V");
   static_assert(kKvSlabBytes % 1024 == 0 && kConsumerQOffset % 1024 == 0, "swizzle atoms stay aligned");

@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
 template <class C, typename Elem>
 cudaError_t launch(const MhaPrefillParams& p, const MhaPrefillMaps& maps, cudaStream_t stream) {
+  static_assert(kSmemBytes<C> <= 227 * 1024, "the opt-in shared memory of one CTA");
   auto kernel = &mha_prefill_sm90_kernel<C, Elem>;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<C>);
   if (err != cudaSuccess) return err;
