@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <string>
+#include <type_traits>
 
 #include "common/math_constants.h"
 #include "dispatch/cuda_status.h"
