@@ -106,6 +106,16 @@ std::vector<MhaCase> sweep_cases() {
   // Long sequences: many key tiles, causal diagonal tiles deep in the sequence.
   add("long_2048x2048_d128x128_causal_gqa4", spec_of({{2048}, {2048}}, 4, 1, 128, 128, true, 0));
   add("long_600x3000_d64x64_noncausal_gqa2", spec_of({{600}, {3000}}, 2, 1, 64, 64, false, 0));
+  // More work tiles than an H100 has SMs (132, one CTA each): tiles of different key counts,
+  // empty ones and partial last V tiles run in several waves.
+  for (const auto& dd : dims) {
+    for (bool causal : {false, true}) {
+      Spec s = spec_of(batch_c(), 48, 12, dd[0], dd[1], causal, 0);  // 288 tiles
+      s.tail_q = 3;
+      s.tail_k = 7;
+      add("many_tiles_" + dims_name(dd[0], dd[1]) + (causal ? "_causal" : "_noncausal") + "_gqa4", s);
+    }
+  }
   // Padded views (16-byte rows kept: the Hopper kernel takes them).
   {
     Spec s = spec_of(batch_b(), 8, 2, 128, 128, true, 0);

@@ -74,10 +74,13 @@ cudaError_t launch_mla_sparse_decode_sm90(const SparseDecodeParams& params, cons
 
 // ---- MHA prefill (mha_prefill/) ----
 
-// Tile heights of the Hopper MHA prefill (its Config asserts the same): 128 query rows; 128
-// keys, 64 at d_v 256 (where O takes 128 registers per thread).
-inline constexpr int kMhaSm90BlockM = 128;
-constexpr int mha_sm90_block_n(int d_v) { return d_v <= 128 ? 128 : 64; }
+// Tile heights of the Hopper MHA prefill (its Config uses them, its maps' boxes too): 64 query
+// rows per consumer warpgroup, two of them (128 rows), three at d_qk 64 (192 rows: there the
+// softmax of a tile takes longer than its products, so two warpgroups multiply while one
+// computes it); 128 keys, 112 at d_qk 64 (the three warpgroups have 160 registers each: S,
+// P and O of 128 keys spilled) and 64 at d_v 256 (where O takes 128 registers per thread).
+constexpr int mha_sm90_block_m(int d_qk) { return d_qk == 64 ? 192 : 128; }
+constexpr int mha_sm90_block_n(int d_qk, int d_v) { return d_qk == 64 ? 112 : d_v <= 128 ? 128 : 64; }
 
 // Its TMA maps: q, k and v as 4D maps {d, heads, tokens, 1} read in boxes of 64 columns x 1
 // head x a tile of tokens, 128-byte swizzled.

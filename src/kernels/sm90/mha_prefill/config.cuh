@@ -21,14 +21,15 @@ template <int kDqkT, int kDvT>
 struct Config {
   static constexpr int kDqk = kDqkT;
   static constexpr int kDv = kDvT;
-  static constexpr int kConsumers = 2;
   static constexpr int kRowsPerConsumer = 64;  // the M of one wgmma
-  static constexpr int kBlockM = kConsumers * kRowsPerConsumer;
-  // 128 keys where the registers allow (S 64 + P 32 + O d_v / 2 per thread), 64 at d 256.
-  static constexpr int kBlockN = mha_sm90_block_n(kDv);
+  static constexpr int kBlockM = mha_sm90_block_m(kDqk);
+  static constexpr int kConsumers = kBlockM / kRowsPerConsumer;
+  // Keys per tile: as many as the registers allow (S kBlockN / 2 + P kBlockN / 4 + O d_v / 2
+  // per thread; launch.h).
+  static constexpr int kBlockN = mha_sm90_block_n(kDqk, kDv);
   static constexpr int kThreads = (1 + kConsumers) * dev::kWarpgroupThreads;
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
 
   static constexpr int kSlabCols = dev::kSwizzleRowBytes / 2;  // 16-bit elements
   static constexpr int kQkSlabs = kDqk / kSlabCols;
@@ -47,13 +48,16 @@ struct Config {
   static constexpr int kStagesThatFit = (kSmemBudget - static_cast<int>(kQBytes)) / static_cast<int>(kKBytes + kVBytes);
   static constexpr int kStages = kStagesThatFit < 4 ? kStagesThatFit : 4;
 
-  static_assert(kBlockM == kMhaSm90BlockM, "the maps' Q boxes");
+  static_assert(kBlockM % kRowsPerConsumer == 0 && (kConsumers == 2 || kConsumers == 3), "consumer warpgroups");
   static_assert(kStages >= 2, "double buffering at least");
   static_assert(kDqk % kSlabCols == 0 && kDv % kSlabCols == 0, "head dims are whole slabs");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "one wgmma N and whole k16 steps of P.V");
   static_assert(kKvSlabBytes % 1024 == 0 && kConsumerQOffset % 1024 == 0, "swizzle atoms stay aligned");
-  static_assert(kProducerRegs * dev::kWarpgroupThreads + kConsumers * kConsumerRegs * dev::kWarpgroupThreads <= 65536,
-                "register file");
+  // setmaxnreg moves registers within the CTA's launch allocation (65536 / threads, rounded
+  // down to 8): the consumers can take only what the producer gives back.
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  static_assert((kProducerRegs + kConsumers * kConsumerRegs) * dev::kWarpgroupThreads <= kLaunchRegs * kThreads,
+                "setmaxnreg: the consumers' registers come from the producer's");
 };
 
 template <class C>

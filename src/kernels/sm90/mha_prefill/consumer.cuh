@@ -48,7 +48,7 @@ class Consumer {
       store_empty();
       return;
     }
-    if (g_ == 1) pass_turn();  // consumer 0 issues first
+    if (g_ == C::kConsumers - 1) pass_turn();  // consumer 0 issues first
     dev::mbarrier_wait(&sm_.q_full, 0);
     float s[kSRegs];
     uint32_t pfrag[kKeySteps][4];
@@ -93,7 +93,7 @@ class Consumer {
     dev::mbarrier_wait(&sm_.v_full[last], ((w_.n_blocks - 1) / C::kStages) & 1);
     wait_turn();
     product(o, pfrag, last, /*accumulate=*/w_.n_blocks > 1);
-    if (g_ == 0) pass_turn();  // consumer 1's last turn passes to nobody: the barriers end balanced
+    if (g_ != C::kConsumers - 1) pass_turn();  // the last consumer's last turn passes to nobody: balanced
     dev::wgmma_wait<0>();
     dev::fence_registers(o);
     release(&sm_.v_empty[last]);
@@ -109,16 +109,20 @@ class Consumer {
     if (lane_ == 0) dev::mbarrier_arrive(bar);
   }
 
-  // Turns (ping-pong): the two consumers take turns to issue their wgmmas, so that one's
-  // softmax runs while the tensor cores work on the other's products. Named barrier
-  // kTurnBarrier + g completes when consumer g waits (bar.sync) and the other consumer has
-  // passed the turn to it (bar.arrive): each consumer waits once per turn and passes once
-  // after it, but for consumer 1's last turn; consumer 1's arrival at the start gives
-  // consumer 0 the first turn. Barrier 0 is __syncthreads'.
+  // Turns: the consumers take turns in a ring (0, 1, [2,] 0, ...) to issue their wgmmas, so
+  // that one's softmax runs while the tensor cores work on the others' products (ping-pong
+  // with two). Named barrier kTurnBarrier + g completes when consumer g waits (bar.sync) and
+  // the consumer before it in the ring has passed the turn (bar.arrive): each consumer waits
+  // once per turn and passes once after it, but for the last consumer's last turn; the last
+  // consumer's arrival at the start gives consumer 0 the first turn. A consumer cannot pass
+  // twice before the next one has waited: its next turn comes only after the whole ring's.
+  // Barrier 0 is __syncthreads'.
   static constexpr uint32_t kTurnBarrier = 1;
   static constexpr uint32_t kTurnThreads = 2 * dev::kWarpgroupThreads;
   __device__ void wait_turn() const { dev::named_barrier_sync(kTurnBarrier + g_, kTurnThreads); }
-  __device__ void pass_turn() const { dev::named_barrier_arrive(kTurnBarrier + (g_ ^ 1), kTurnThreads); }
+  __device__ void pass_turn() const {
+    dev::named_barrier_arrive(kTurnBarrier + (g_ + 1 == C::kConsumers ? 0 : g_ + 1), kTurnThreads);
+  }
 
   __device__ void wait_k(int it) const {
     dev::mbarrier_wait(&sm_.k_full[it % C::kStages], (it / C::kStages) & 1);

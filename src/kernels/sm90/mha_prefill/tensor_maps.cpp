@@ -1,7 +1,6 @@
 // The TMA maps of the Hopper MHA prefill: q, k and v [tokens, heads, d] as 4D maps {d, heads,
 // tokens, 1} with boxes of 64 columns x 1 head x a tile of tokens, 128-byte swizzled.
 #include "kernels/sm90/launch.h"
-#include "kernels/sm90/launch.h"
 
 namespace mlakit::detail {
 namespace {
@@ -27,8 +26,8 @@ TmaTensor rows_tensor(const void* data, bool bf16, int64_t tokens, int heads, in
 
 bool make_mha_prefill_maps(const MhaPrefillParams& p, bool bf16, MhaPrefillMaps* maps, std::string* why) {
   constexpr cuuint32_t kBoxCols = 64;
-  const auto block_n = static_cast<cuuint32_t>(mha_sm90_block_n(p.d_v));
-  const cuuint32_t q_box[4] = {kBoxCols, 1, kMhaSm90BlockM, 1};
+  const auto block_n = static_cast<cuuint32_t>(mha_sm90_block_n(p.d_qk, p.d_v));
+  const cuuint32_t q_box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(mha_sm90_block_m(p.d_qk)), 1};
   const cuuint32_t kv_box[4] = {kBoxCols, 1, block_n, 1};
   *maps = MhaPrefillMaps{};
   if (!encode_tma_4d_map(rows_tensor(p.q, bf16, p.total_q, p.h_q, p.d_qk, p.q_stride_t, p.q_stride_h), q_box, "q",
