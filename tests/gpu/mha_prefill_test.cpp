@@ -13,7 +13,7 @@
 //
 // Reference cost: h_q * (d_qk + d_v) * visible (query, key) pairs float64 multiply-adds per
 // case, computed once per case for both kernels; MhaPrefillGpuCases.ReferenceCostIsBounded
-// prints the total (7.5e9: about 3 s on two cores, well under a second on the GPU machine's).
+// prints the total (9.25e9: about 4 s on two cores, about a second on the GPU machine's).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
