@@ -49,11 +49,17 @@ class ScoreTiles {
     const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.kv[stage][0][0]), 16, 1024));
     if constexpr (Options::kTiles == KeyTiles::kGatheredHalves) {
       await_slabs(stage, C::kGatheredLowHalfBarrier, C::kGatheredLowHalfBarrier + 1);
+      // A thread that finds the high half landed too fences once for both halves; the others
+      // fence again after waiting for it, and that fence's MEMBAR waits for the low half's
+      // k-steps in flight (a gap in the tensor pipe), so it is kept to tiles that need it.
+      const bool high_landed = dev::mbarrier_test_wait(&sm_.full[stage][C::kGatheredTileBarrier], phase_);
       dev::fence_proxy_async_smem();
       dev::wgmma_fence();
       issue_slabs(s, q_desc, k_desc, 0, C::kFirstHighSlab);
-      await_slabs(stage, C::kGatheredTileBarrier, C::kSlabs);
-      dev::fence_proxy_async_smem();
+      if (!high_landed) {
+        await_slabs(stage, C::kGatheredTileBarrier, C::kSlabs);
+        dev::fence_proxy_async_smem();
+      }
       dev::wgmma_fence();
       issue_slabs(s, q_desc, k_desc, C::kFirstHighSlab, C::kSlabs);
       MLAKIT_SM90_STAMP(kConsumerHighIssued);
