@@ -4,8 +4,8 @@ A family is one operation and the sides it is timed on. The first side named is 
 baseline of the ratio, `subject` the side the ratio is about: ratio = t_baseline / t_subject
 (> 1: the subject is faster). A family whose operation mlakit does not have yet names no
 mlakit side; a new operation adds a family here, a generator in data.py and a reference in
-reference.py, and names its sides (the GQA decode and the MHA prefill: PyTorch SDPA on cuDNN
-against mlakit).
+reference.py, and names its sides (the GQA decode: PyTorch SDPA on cuDNN against mlakit; the
+MHA prefill: SDPA on cuDNN and on its flash backend against mlakit).
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ FAMILIES: Dict[str, Family] = {
         # The GQA decode over a paged cache against PyTorch SDPA (cuDNN backend forced,
         # enable_gqa) over a contiguous cache holding the same values.
         Family("gqa", "GQA decode (paged bf16 / int8 / fp8 cache)", ("sdpa_cudnn", "mlakit"), "mlakit", True),
-        # The MHA prefill over packed variable-length rows against PyTorch SDPA (cuDNN backend
-        # forced) over the same values as [b, h, s, d] (every sequence of the batch full).
-        Family("mha_prefill", "MHA prefill forward (bf16)", ("sdpa_cudnn", "mlakit"), "mlakit", True),
+        # The MHA prefill over packed rows + cu_seqlens against PyTorch SDPA with the cuDNN and
+        # with the flash backend forced (issue 26), on the same values: [b, h, s, d] where every
+        # sequence is s long, one call per sequence on views of the very same packed rows for
+        # the varlen mix. A backend that cannot run a case is reported as not supported there.
+        Family("mha_prefill", "MHA prefill forward (bf16)", ("sdpa_cudnn", "sdpa_flash", "mlakit"), "mlakit", True),
         # Not an mlakit operation: cuDNN against PyTorch's flash backend on the brief's cuDNN
         # shapes (cuDNN's figures of the same run beside PyTorch's own kernel).
         Family("sdpa_mha", "SDPA MHA forward (cuDNN vs flash)", ("sdpa_cudnn", "sdpa_flash"), "sdpa_flash", False),
@@ -94,11 +96,19 @@ def _sdpa_mha(causal: bool) -> Case:
     return Case("sdpa_mha_b4_h32_s4096_d128" + ("_causal" if causal else ""), "sdpa_mha", params, not causal)
 
 
-def _mha_prefill(s: int, d_qk: int, d_v: int, h: int, causal: bool, quick: bool = False) -> Case:
-    # 16384 query tokens per call (FlashAttention's benchmark convention): b = 16384 / s.
-    params = dict(b=16384 // s, h=h, s=s, d_qk=d_qk, d_v=d_v, causal=causal)
-    name = f"mha_prefill_b{16384 // s}_h{h}_s{s}_d{d_qk}_{d_v}" + ("_causal" if causal else "")
+def _mha_prefill(b: int, s: int, d_qk: int, d_v: int, h: int, causal: bool, quick: bool = False) -> Case:
+    """b sequences of s tokens each, h_q = h_kv = h, bf16."""
+    params = dict(b=b, h=h, s=s, d_qk=d_qk, d_v=d_v, causal=causal, varlen=False)
+    name = f"mha_prefill_b{b}_h{h}_s{s}_d{d_qk}_{d_v}" + ("_causal" if causal else "")
     return Case(name, "mha_prefill", params, quick)
+
+
+def _mha_prefill_varlen(tokens: int, min_s: int, max_s: int, d: int, h: int, causal: bool) -> Case:
+    """`tokens` tokens in sequences of min_s..max_s tokens each, drawn from the case's seed
+    (data.varlen_lengths: the same list on every device and for causal and not)."""
+    params = dict(tokens=tokens, min_s=min_s, max_s=max_s, h=h, d_qk=d, d_v=d, causal=causal, varlen=True)
+    name = f"mha_prefill_varlen_t{tokens}_h{h}_d{d}_{d}" + ("_causal" if causal else "")
+    return Case(name, "mha_prefill", params)
 
 
 def all_cases() -> List[Case]:
@@ -117,11 +127,17 @@ def all_cases() -> List[Case]:
             cases.append(_sparse_prefill(s_kv, near_end, quick=(s_kv, near_end) == (8192, False)))
     cases += [_gqa(64, 4096, "bf16", quick=True), _gqa(64, 4096, "int8"), _gqa(64, 4096, "fp8"),
               _gqa(64, 4096, "bf16", append=True), _gqa(1, 131072, "bf16")]
-    for s in (4096, 8192):
+    # MHA prefill, issue 26's list: b4 s4096 h32 at d 128 and 192/128, b1 s16384, and the varlen
+    # mix of as many tokens (16384), each causal and not.
+    for b, s, d_qk, d_v in ((4, 4096, 128, 128), (4, 4096, 192, 128), (1, 16384, 128, 128)):
         for causal in (False, True):
-            cases.append(_mha_prefill(s, 128, 128, 16, causal, quick=(s, causal) == (4096, False)))
-    cases += [_mha_prefill(8192, 192, 128, 16, False), _mha_prefill(8192, 192, 128, 16, True),
-              _mha_prefill(8192, 64, 64, 32, False), _mha_prefill(8192, 256, 256, 8, False)]
+            quick = (b, s, d_qk, causal) == (4, 4096, 128, False)
+            cases.append(_mha_prefill(b, s, d_qk, d_v, 32, causal, quick))
+    cases += [_mha_prefill_varlen(16384, 512, 8192, 128, 32, causal) for causal in (False, True)]
+    # The other head sizes, b4 s4096: d 64 at h 32 (half d 128's FLOPs, still 128 (batch, head)
+    # pairs of 4096 queries: far more query tiles than SMs); d 256 at h 16 (h * d = 4096 as in the
+    # d 128 cases: the same FLOPs and bytes; Gemma-7B's 16 heads of 256).
+    cases += [_mha_prefill(4, 4096, 64, 64, 32, False), _mha_prefill(4, 4096, 256, 256, 16, False)]
     cases += [_sdpa_mha(False), _sdpa_mha(True)]
     return cases
 
@@ -156,4 +172,4 @@ def describe(case: Case) -> str:
     """One line for --list."""
     f = FAMILIES[case.family]
     params = " ".join(f"{k}={v}" for k, v in case.params.items())
-    return f"{case.name:58s} {f.name:15s} sides {','.join(f.sides):22s} {params}"
+    return f"{case.name:58s} {f.name:15s} sides {','.join(f.sides):29s} {params}"

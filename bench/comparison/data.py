@@ -13,8 +13,10 @@ case and handed to every side unchanged.
   V [b, h_kv, s_k, d] bf16 for SDPA, the same values paged [num_blocks, 64, h_kv, d] through a
   shuffled block table for mlakit. int8 / fp8 caches: quantized per (token, kv head) by the
   contract's rules (written here in PyTorch), SDPA's cache holding the dequantized values.
-- MHA prefill: q, k, v ~ N(0, 1) as [b, h, s, d] for SDPA, the same values as packed rows
-  [b * s, h, d] with cu_seqlens for mlakit (every sequence s long).
+- MHA prefill: q, k ~ N(0, 1), v ~ N(0, 1) / 10 (the GPU tests' scale). Every sequence s
+  long: [b, h, s, d] for SDPA, the same values as packed rows [b * s, h, d] with cu_seqlens for
+  mlakit. The varlen mix: packed rows [tokens, h, d] with cu_seqlens for mlakit, and for SDPA
+  [1, h, n, d] views of those very rows, one per sequence; lengths from varlen_lengths.
 q ~ N(0, 1); the decode caches ~ N(0, 1) / 10 clamped to [-1, 1] (FlashMLA's decode tests, and
 the scale the contract's absolute tolerance (docs/contract.md) is meant for: with N(0, 1) cache values the bf16
 rounding of P alone moves outputs of the shortest sequences by ~1e-2 in both libraries);
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -280,20 +282,69 @@ def sdpa_mha(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
     return Inputs(dict(q=q, k=k, v=v, causal=p["causal"]), info)
 
 
+def varlen_lengths(tokens: int, min_s: int, max_s: int, seed: int) -> List[int]:
+    """Sequence lengths in [min_s, max_s] summing to exactly `tokens`, from a CPU generator
+    seeded with `seed` (the same list on every device). While more than max_s tokens are left,
+    a length log-uniform within one third of [min_s, max_s] on a log scale (short, middle,
+    long: the thirds taken in a shuffled order, again after all three, so every mix has each),
+    at most left - min_s (room for one more sequence); then the rest as the last length; the
+    list shuffled (the rest not always last)."""
+    if not (min_s <= tokens and 2 * min_s <= max_s):
+        raise ValueError(f"varlen_lengths: cannot split {tokens} tokens into lengths in [{min_s}, {max_s}]")
+    gen = torch.Generator().manual_seed(seed)
+    lengths: List[int] = []
+    thirds: List[int] = []
+    left = tokens
+    while left > max_s:
+        thirds = thirds or torch.randperm(3, generator=gen).tolist()
+        u = (thirds.pop() + float(torch.rand((), generator=gen, dtype=torch.float64))) / 3
+        lengths.append(min(left - min_s, math.floor(min_s * (max_s / min_s) ** u)))
+        left -= lengths[-1]
+    lengths.append(left)
+    return [lengths[i] for i in torch.randperm(len(lengths), generator=gen).tolist()]
+
+
+def prefill_flops(lengths: List[int], h: int, d_qk: int, d_v: int, causal: bool) -> float:
+    """Sum over sequences of 2 * h * L^2 * (d_qk + d_v) (QK^T and PV), halved for causal
+    (FlashAttention's convention: L^2 / 2 for the exact L (L + 1) / 2 attended pairs)."""
+    return sum(2.0 * h * n * n * (d_qk + d_v) for n in lengths) / (2 if causal else 1)
+
+
+def _values(shape: Tuple[int, ...], device: torch.device, dev: torch.Generator) -> torch.Tensor:
+    """V at a tenth of a standard normal, as the GPU tests draw it: a causal row that sees a
+    few keys averages few values, and P rounded to 16 bits (every side does) then errs by
+    ~2^-9 |v|, which the accuracy rule's abs 1e-3 covers at this scale, not at |v| ~ 3."""
+    return (_normal(shape, torch.float32, device, dev) * 0.1).to(torch.bfloat16)
+
+
 def mha_prefill(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
     _, dev = _generators(seed, device)
-    b, h, s, d_qk, d_v = p["b"], p["h"], p["s"], p["d_qk"], p["d_v"]
-    q, k = (_normal((b, h, s, d_qk), torch.bfloat16, device, dev) for _ in range(2))
-    v = _normal((b, h, s, d_v), torch.bfloat16, device, dev)
+    h, d_qk, d_v = p["h"], p["d_qk"], p["d_v"]
+    tensors: Dict[str, Any] = dict(causal=p["causal"], varlen=p["varlen"])
+    if p["varlen"]:
+        lengths = varlen_lengths(p["tokens"], p["min_s"], p["max_s"], seed)
+        total = sum(lengths)
+        tensors.update(q_rows=_normal((total, h, d_qk), torch.bfloat16, device, dev),
+                       k_rows=_normal((total, h, d_qk), torch.bfloat16, device, dev),
+                       v_rows=_values((total, h, d_v), device, dev))
+    else:
+        b, s = p["b"], p["s"]
+        lengths = [s] * b
+        q, k = (_normal((b, h, s, d_qk), torch.bfloat16, device, dev) for _ in range(2))
+        v = _values((b, h, s, d_v), device, dev)
 
-    def packed(x: torch.Tensor) -> torch.Tensor:  # [b, h, s, d] -> [b * s, h, d]
-        return x.transpose(1, 2).reshape(b * s, h, x.shape[-1]).contiguous()
+        def packed(x: torch.Tensor) -> torch.Tensor:  # [b, h, s, d] -> [b * s, h, d]
+            return x.transpose(1, 2).reshape(b * s, h, x.shape[-1]).contiguous()
 
-    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=device)
-    flops = 2.0 * b * h * s * s * (d_qk + d_v) / (2 if p["causal"] else 1)
-    info = dict(seed=seed, mean_s_k=float(s), flops=flops, bytes=float(b * h * s * (2 * d_qk + 2 * d_v) * 2))
-    tensors = dict(q=q, k=k, v=v, causal=p["causal"], q_rows=packed(q), k_rows=packed(k), v_rows=packed(v),
-                   cu_seqlens=cu, max_seqlen=s)
+        tensors.update(q=q, k=k, v=v, q_rows=packed(q), k_rows=packed(k), v_rows=packed(v))
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    tensors.update(lengths=lengths, max_seqlen=max(lengths), min_seqlen=min(lengths),
+                   cu_seqlens=torch.tensor(starts, dtype=torch.int32, device=device))
+    total = starts[-1]
+    info = dict(seed=seed, mean_s_k=total / len(lengths), flops=prefill_flops(lengths, h, d_qk, d_v, p["causal"]),
+                bytes=float(total * h * (2 * d_qk + 2 * d_v) * 2))
     return Inputs(tensors, info)
 
 

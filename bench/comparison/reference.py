@@ -2,8 +2,9 @@
 timing) and the accuracy checks (docs/contract.md) of a side's outputs against them.
 
 The sample: a few batch entries (dense and sparse decode: the longest, the shortest and
-random ones) or query tokens (sparse prefill: the first, the last and random ones), or query
-rows (SDPA). Every output of the whole tensor is also checked for NaN.
+random ones) or query tokens (sparse prefill: the first, the last and random ones; MHA
+prefill: those of every sequence), or query rows (SDPA). Every output of the whole tensor is
+also checked for NaN.
 """
 
 from __future__ import annotations
@@ -138,7 +139,24 @@ def sdpa_mha(x: Inputs) -> Dict[str, Any]:
 
 
 def mha_prefill(x: Inputs) -> Dict[str, Any]:
-    return sdpa_mha(x)  # the SDPA layout: both sides return out as [b, h, s, d_v]
+    """Per sequence of the packed rows (no attention across sequences): SAMPLE_TOKENS query
+    tokens of each, its first and last included, every head, over that sequence's keys only
+    (causal: key j <= query t, the same lengths for q and k)."""
+    t = x.tensors
+    q, k, v, starts = t["q_rows"], t["k_rows"], t["v_rows"], t["cu_seqlens"].tolist()
+    scale = q.shape[-1] ** -0.5
+    rows, outs = [], []
+    for i in range(len(starts) - 1):
+        first, n = starts[i], starts[i + 1] - starts[i]
+        picked = _pick(n, SAMPLE_TOKENS, x.info["seed"] + i, [0, n - 1])
+        at = torch.tensor(picked, device=q.device)
+        qs = q[first + at].double().transpose(0, 1)  # [h, picked, d_qk]
+        ks, vs = (y[first : first + n].double().transpose(0, 1) for y in (k, v))  # [h, n, d]
+        mask = torch.arange(n, device=q.device)[None, :] <= at[:, None] if t["causal"] else None
+        out, _, _ = _attend(qs, ks, vs, scale, mask)
+        outs.append(out.transpose(0, 1))  # [picked, h, d_v]
+        rows += [first + p for p in picked]
+    return dict(index=("token", rows), out=torch.cat(outs))
 
 
 REFERENCES = {

@@ -78,6 +78,31 @@ def bandwidth_line(rec: Dict[str, Any]) -> Optional[str]:
     return "    " + "; ".join(parts) if parts else None
 
 
+def unsupported(side: Dict[str, Any]) -> Optional[str]:
+    """Why a side could not run the case (sides.SideUnsupported), or None. The run loop records
+    it as check {"ok": true, "unsupported": why}; a run loop that does not know the exception
+    yet records it as a failed check whose error names it, read here alike."""
+    check = side.get("check", {})
+    if check.get("unsupported"):
+        return check["unsupported"]
+    error = check.get("error", "")
+    return error[len("SideUnsupported: "):] if error.startswith("SideUnsupported: ") else None
+
+
+def other_sides_line(rec: Dict[str, Any]) -> Optional[str]:
+    """The sides besides the baseline and the subject (the MHA prefill's SDPA flash backend):
+    sustained us and their ratios to the subject."""
+    parts = []
+    for name, side in rec.get("sides", {}).items():
+        if name in (rec["baseline"], rec["subject"]) or side.get("sustained_us") is None:
+            continue  # not timed: its check or not-supported line says why
+        r = rec.get("ratios", {}).get(name, {})
+        parts.append(f"{SIDE_LABELS.get(name, name)} {_side_cell(rec, name, 'sustained_us', _us)} us, ratio "
+                     f"{_x(r.get('sustained'))} (idle {_x(r.get('idle'))}, kernel {_x(r.get('kernel'))}), "
+                     f"main {_side_cell(rec, name, 'kernel_main_us', _us)} us")
+    return "    " + "; ".join(parts) if parts else None
+
+
 def _us(value: Optional[float]) -> str:
     return "-" if value is None else (f"{value:.1f}" if value < 1000 else f"{value:.0f}")
 
@@ -94,6 +119,8 @@ def _side_cell(rec: Dict[str, Any], name: str, key: str, fmt) -> str:
     side = rec["sides"].get(name)
     if side is None:
         return "n/a"
+    if unsupported(side):
+        return "n/s"  # not supported: the table's line below says why
     failed = not side.get("check", {}).get("ok", False)
     if side.get(key) is None:
         return "FAILED" if failed else "-"
@@ -124,12 +151,14 @@ def table(header: Dict[str, Any], records: List[Dict[str, Any]]) -> str:
         times = f"{_side_cell(rec, base, 'sustained_us', _us):>8s} {_side_cell(rec, subj, 'sustained_us', _us):>8s}"
         ratios = " ".join(f"{_x(rec.get(k)):>6s}" for k in ("ratio", "ratio_idle", "ratio_kernel"))
         lines.append(f"{rec['case']:54s} {SIDE_LABELS.get(base, base):>9s} {times} {ratios} {main:>15s} {mhz:>10s}")
-        extra = bandwidth_line(rec)
-        if extra:
-            lines.append(extra)
+        for extra in (bandwidth_line(rec), other_sides_line(rec)):
+            if extra:
+                lines.append(extra)
         for name, side in rec["sides"].items():
             check = side.get("check", {})
-            if not check.get("ok", False):
+            if unsupported(side):
+                lines.append(f"    {name} not supported (n/s): {unsupported(side)[:300]}")
+            elif not check.get("ok", False):
                 lines.append(f"    {name} failed its check (figures marked *): {_failure(check)}")
     return "\n".join(lines)
 
@@ -140,6 +169,9 @@ def progress(rec: Dict[str, Any]) -> str:
         return f"{rec['case']}: ERROR {rec['error']}"
     parts = []
     for name, side in rec["sides"].items():
+        if unsupported(side):
+            parts.append(f"{name} not supported")
+            continue
         state = "" if side.get("check", {}).get("ok") else " (check FAILED)"
         parts.append(f"{name} {_us(side.get('sustained_us'))} us{state}")
     return f"{rec['case']}: {', '.join(parts)}; ratio {_x(rec.get('ratio'))} (idle {_x(rec.get('ratio_idle'))})"

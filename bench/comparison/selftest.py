@@ -37,15 +37,25 @@ SDPA = _case("sdpa_mha", b=1, h=2, s=64, d=32, causal=True)
 GQA = {cache + ("_append" if append else ""): _case("gqa", b=3, s_q=1, h_q=8, h_kv=2, s_k=192, d=64, page=64,
                                                      cache=cache, append=append)
        for cache, append in (("bf16", False), ("int8", False), ("fp8", False), ("bf16", True))}
+MHA = _case("mha_prefill", b=2, h=2, s=48, d_qk=64, d_v=64, causal=True, varlen=False)
+MHA_D192 = _case("mha_prefill", b=2, h=2, s=48, d_qk=192, d_v=128, causal=True, varlen=False)
+VARLEN = {causal: _case("mha_prefill", tokens=200, min_s=16, max_s=96, h=2, d_qk=64, d_v=64, causal=causal, varlen=True)
+          for causal in (False, True)}
 
 
 def test_case_table() -> None:
     table = cases.all_cases()
     default = cases.select(table)
-    expect(len(default) == 37, f"37 benchmark cases (docs/benchmarking.md) by default (got {len(default)})")
+    expect(len(default) == 39, f"39 benchmark cases (docs/benchmarking.md) by default (got {len(default)})")
     expect(len({c.name for c in table}) == len(table), "case names unique")
     expect(len(cases.select(table, quick=True)) == 6, "--quick: 6 cases")
-    expect(len(cases.select(table, ["mha_prefill"])) == 8, "--families mha_prefill: 8 cases")
+    mha = cases.select(table, ["mha_prefill"])
+    expect(len(mha) == 10, f"--families mha_prefill: 10 cases (got {len(mha)})")
+    expect(cases.FAMILIES["mha_prefill"].sides == ("sdpa_cudnn", "sdpa_flash", "mlakit")
+           and cases.FAMILIES["mha_prefill"].subject == "mlakit", "mha_prefill: cuDNN (baseline), flash, mlakit")
+    expect([c.name for c in mha if c.quick] == ["mha_prefill_b4_h32_s4096_d128_128"], "mha_prefill: one quick case")
+    heads = {c.params["h"] for c in mha if c.params["d_qk"] < 256}
+    expect(sum(c.params["varlen"] for c in mha) == 2 and heads == {32}, "mha_prefill: 2 varlen, h 32 but at d 256")
     expect(len(cases.select(table, ["gqa"])) == 5, "--families gqa: 5 cases")
     expect([c.name for c in cases.select(table, pattern="sk32768_causal")] == ["dense_b128_hq128_sq2_sk32768_causal"],
            "--filter by regex")
@@ -129,6 +139,53 @@ def test_gqa_data() -> None:
            "rope: identity at position 0, a rotation (norm kept, undone at -pos)")
 
 
+def test_mha_prefill_data() -> None:
+    ok = True
+    for seed in range(50):
+        lengths = data.varlen_lengths(16384, 512, 8192, seed)
+        ok &= sum(lengths) == 16384 and 512 <= min(lengths) and max(lengths) <= 8192
+        ok &= lengths == data.varlen_lengths(16384, 512, 8192, seed)
+    expect(ok, f"varlen lengths: in [512, 8192], 16384 in all, the same per seed (seed 0: "
+               f"{data.varlen_lengths(16384, 512, 8192, 0)})")
+    x = data.generate(VARLEN[False], 3, "cpu")
+    t, lengths = x.tensors, x.tensors["lengths"]
+    starts = [0] + torch.tensor(lengths).cumsum(0).tolist()
+    expect(sum(lengths) == 200 and min(lengths) >= 16 and max(lengths) <= 96 and lengths == data.varlen_lengths(
+        200, 16, 96, 3) and t["cu_seqlens"].tolist() == starts
+        and t["q_rows"].shape == (200, 2, 64) and t["max_seqlen"] == max(lengths),
+        f"mha_prefill varlen: lengths {lengths}, cu_seqlens their prefix sums, packed rows")
+    flops = sum(2 * 2 * n * n * 128 for n in lengths)
+    expect(x.info["flops"] == flops and data.generate(VARLEN[True], 3, "cpu").info["flops"] == flops / 2,
+           "mha_prefill varlen: FLOPs summed per sequence, halved for causal")
+    x = data.generate(MHA, 3, "cpu")
+    t = x.tensors
+    same = torch.equal(t["q_rows"].view(2, 48, 2, 64).transpose(1, 2), t["q"])
+    same &= torch.equal(t["v_rows"].view(2, 48, 2, 64).transpose(1, 2), t["v"])
+    expect(same and t["cu_seqlens"].tolist() == [0, 48, 96] and x.info["flops"] == 2 * 2 * 2 * 48 * 48 * 128 / 2,
+           "mha_prefill: packed rows hold SDPA's [b, h, s, d] values; FLOPs 2 b h s^2 (d_qk + d_v), causal / 2")
+
+
+def test_mha_prefill_reference() -> None:
+    """The per-sequence reference against SDPA in float64 per sequence; attention across the
+    sequences of the packed rows (one long sequence) must fail the check."""
+    for causal, case in VARLEN.items():
+        x = data.generate(case, 5, "cpu")
+        t, starts = x.tensors, x.tensors["cu_seqlens"].tolist()
+        ref = reference.mha_prefill(x)
+
+        def attend(first: int, last: int) -> torch.Tensor:  # rows [first, last) as one sequence, float64
+            q, k, v = (t[n][first:last].double().transpose(0, 1) for n in ("q_rows", "k_rows", "v_rows"))
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal).transpose(0, 1)
+
+        per_sequence = torch.cat([attend(starts[i], starts[i + 1]) for i in range(len(starts) - 1)])
+        rows = ref["index"][1]
+        expect(torch.allclose(per_sequence[rows], ref["out"], rtol=0, atol=1e-12) and len(rows) > 2 * len(starts),
+               f"mha_prefill varlen reference (causal {causal}): float64 SDPA per sequence, {len(rows)} tokens")
+        across = dict(out=attend(0, starts[-1]).to(torch.bfloat16))
+        expect(not reference.check("mha_prefill", across, ref)["ok"],
+               f"mha_prefill varlen (causal {causal}): attention across sequences fails the check")
+
+
 def _mlakit():
     try:
         return importlib.import_module("mlakit.flash_mla")
@@ -138,7 +195,7 @@ def _mlakit():
 
 
 def test_references(api) -> None:
-    for case in (DENSE, SPARSE, PREFILL, *GQA.values()):
+    for case in (DENSE, SPARSE, PREFILL, *GQA.values(), MHA, MHA_D192, *VARLEN.values()):
         x = data.generate(case, 5, "cpu")
         ref = reference.REFERENCES[case.family](x)
         if api is None:
@@ -177,6 +234,32 @@ def test_sdpa_side() -> None:
         r.call()
         result = reference.check("gqa", r.outputs(r.call()), reference.gqa(x))
         expect(result["ok"], f"gqa {name}: SDPA side (math backend, enable_gqa) passes the check {result['out']}")
+    for case in (MHA, MHA_D192, VARLEN[False], VARLEN[True]):
+        x = data.generate(case, 5, "cpu")
+        ref = reference.mha_prefill(x)
+        r = sides.runner("sdpa_math", SDPBackend.MATH, "mha_prefill", x)
+        r.call()
+        result = reference.check("mha_prefill", r.outputs(r.call()), ref)
+        expect(result["ok"], f"{case.name}: SDPA side (math backend) passes the check {result['out']}")
+    x = data.generate(VARLEN[False], 5, "cpu")
+    t = x.tensors
+    starts = t["cu_seqlens"].tolist()
+    views = sides._sequence_views(t["q_rows"], starts)
+    expect(len(views) == len(t["lengths"]) and all(
+        q.data_ptr() == t["q_rows"][a].data_ptr() and q.shape == (1, 2, b - a, t["q_rows"].shape[-1])
+        for q, a, b in zip(views, starts[:-1], starts[1:])),
+        "mha_prefill varlen: SDPA's q per sequence [1, h, n, d] is a view of the packed rows")
+    for case, backend, why in ((MHA_D192, SDPBackend.FLASH_ATTENTION, "d_qk == d_v"),):
+        try:
+            sides.runner("sdpa_x", backend, "mha_prefill", data.generate(case, 5, "cpu"))
+            raised = "nothing"
+        except sides.SideUnsupported as e:
+            raised = str(e)
+        expect(why in raised, f"{case.name} on {backend}: SideUnsupported ({raised[:90]})")
+    rejected = [sides._rejected(e) for e in (RuntimeError("No available kernel. Aborting execution."),
+                                             NotImplementedError("jagged"), RuntimeError("CUDA error: not supported"),
+                                             torch.cuda.OutOfMemoryError("out of memory"), ValueError("bad dtype"))]
+    expect(rejected == [True, True, False, False, False], f"what counts as a backend's refusal {rejected}")
 
 
 def test_kernel_names() -> None:
@@ -245,6 +328,7 @@ def test_run_loop(api) -> None:
         expect(not rec.get("error") and sides_ok and rec["ratio"] is not None and sorted(orders) == [[0, 1], [1, 0]],
                f"run loop on {rec['case']}: checked, 2 rounds, both orders, ratio {rec.get('ratio')}"
                + (f" ERROR {rec.get('error')}" if rec.get("error") else ""))
+    records += _mha_prefill_run_loop(api, opts)
     header = dict(run_id=report.run_id(), commit="selftest", gpu="CPU selftest", driver="-", options=dict(rep_ms=200),
                   ceilings={})
     with tempfile.TemporaryDirectory() as tmp:
@@ -253,16 +337,50 @@ def test_run_loop(api) -> None:
         report.append(path, dict(header, run_id=header["run_id"] + "-2"), records)
         back = report.read(path)
         expect(len(back) == 2 * len(records) and back[0]["case"] == records[0]["case"], "JSON lines written and read")
-        print(report.table(header, records))
+        text = report.table(header, records)
+        print(text)
+        expect("sdpa_flash not supported (n/s): PyTorch's flash backend needs d_qk == d_v" in text,
+               "table: a side that cannot run a case is marked n/s, with the reason")
         png = chart.render(path, os.path.join(tmp, "chart.png"))
         expect(os.path.getsize(png) > 10000, f"chart drawn ({os.path.getsize(png)} bytes)")
+
+
+def _mha_prefill_run_loop(api, opts) -> List[dict]:
+    """Three sides (mlakit where importable): SDPA's flash backend not supported at d 192/128,
+    recorded as such and not timed, the other sides timed (the varlen mix once per sequence)."""
+    from torch.nn.attention import SDPBackend
+
+    mine = {"mlakit": api} if api is not None else {}
+    plan = [(MHA, dict(sdpa_cudnn=SDPBackend.MATH, sdpa_flash=SDPBackend.MATH, **mine), set()),
+            (MHA_D192, dict(sdpa_cudnn=SDPBackend.MATH, sdpa_flash=SDPBackend.FLASH_ATTENTION, **mine), {"sdpa_flash"}),
+            (VARLEN[True], dict(sdpa_cudnn=SDPBackend.MATH, sdpa_flash=SDPBackend.MATH, **mine), set())]
+    records = []
+    for case, handles, unsupported in plan:
+        rec = runner.run_case(case, handles, opts, WallMeasure(), "cpu")
+        records.append(rec)
+        said = {n for n, s in rec["sides"].items() if report.unsupported(s)}
+        timed = {n for n, s in rec["sides"].items() if len(s.get("rounds", [])) == 2 and s["check"]["ok"]}
+        # The timed sides in the order of each round: the second the first reversed.
+        seqs = [sorted(timed, key=lambda n: rec["sides"][n]["rounds"][rnd]["position"]) for rnd in (0, 1)]
+        want_ratio = api is not None and "sdpa_cudnn" not in unsupported
+        expect(not rec.get("error") and said == unsupported and timed == set(handles) - unsupported
+               and (rec["ratio"] is not None) == want_ratio and seqs[1] == seqs[0][::-1],
+               f"run loop on {rec['case']}: not supported {sorted(said)}, timed {seqs[0]} then reversed, "
+               f"ratio {rec['ratio']}"
+               + (f" ERROR {rec.get('error')}" if rec.get("error") else ""))
+        if api is not None and "sdpa_flash" not in unsupported:
+            expect(rec["ratios"].get("sdpa_flash", {}).get("sustained") is not None and report.other_sides_line(rec),
+                   f"{rec['case']}: the flash side's ratio to mlakit recorded and printed")
+        expect(all(rec["sides"][n]["check"]["ok"] for n in said),
+               f"{rec['case']}: a side that is not supported is not a failed check")
+    return records
 
 
 def main(argv: List[str]) -> int:
     torch.manual_seed(0)
     api = _mlakit()
     for test in (test_case_table, test_dense_data, test_sparse_data, test_prefill_data, test_gqa_data,
-                 test_sdpa_side, test_kernel_names):
+                 test_mha_prefill_data, test_mha_prefill_reference, test_sdpa_side, test_kernel_names):
         test()
     test_references(api)
     test_run_loop(api)

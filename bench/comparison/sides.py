@@ -11,6 +11,12 @@ The GQA decode has no FlashMLA-style API: mlakit is called through its own
 decode per call), SDPA on the same values in a contiguous cache; where the case appends
 k_new / v_new with RoPE, SDPA's call does the same with PyTorch ops first (rotate q and
 k_new, write the new row into its cache), as a caller without a fused kernel would.
+
+The MHA prefill: mlakit's `mha_prefill` on packed rows + cu_seqlens; SDPA on [b, h, s, d]
+(every sequence s long) or, for the varlen mix, once per sequence on views of the same packed
+rows. Every side returns `out` as packed rows [tokens, h, d_v] (SDPA's converted
+outside the timed call). A side that cannot run a case raises SideUnsupported: reported as not
+supported, not as a failure.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import re
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
@@ -31,15 +38,22 @@ class SideUnavailable(RuntimeError):
     """A side asked for that cannot be imported; the message says how to provide it."""
 
 
+class SideUnsupported(Exception):
+    """This side cannot run this case (a documented limit of the backend, or the backend
+    rejecting the inputs at run time); the message says why (the side's name is where it is
+    recorded). Not a failure: the side is reported as not supported for the case, not timed."""
+
+
 @dataclasses.dataclass
 class Runner:
     side: str
     call: Callable[[], Any]  # the timed call: one layer, schedule reused
     fresh: Optional[Callable[[], Any]]  # plan + call, where the operation has a plan
     names: Tuple[str, ...]  # names of the call's outputs, in order
+    unpack: Optional[Callable[[Any], Any]] = None  # the call's result -> outputs, untimed (layout changes)
 
     def outputs(self, result: Any) -> Dict[str, torch.Tensor]:
-        return dict(zip(self.names, result))
+        return dict(zip(self.names, result if self.unpack is None else self.unpack(result)))
 
 
 def _load_mlakit() -> Any:
@@ -178,25 +192,88 @@ def sdpa_gqa_runner(side: str, backend: Any, x: Inputs) -> Runner:
 
 
 def mlakit_mha_prefill_runner(side: str, api: Any, x: Inputs) -> Runner:
-    """mlakit.mha_prefill on the packed rows; out returned as a [b, h, s, d_v] view (SDPA's
-    layout, which the reference samples)."""
+    """mlakit.mha_prefill on the packed rows; out [tokens, h, d_v] as it returns it."""
     mk = importlib.import_module(api.__name__.split(".")[0])
     t = x.tensors
-    b, h, s = t["q"].shape[0], t["q"].shape[1], t["q"].shape[2]
     cu, n = t["cu_seqlens"], t["max_seqlen"]
 
     def call() -> Any:
-        out, lse = mk.mha_prefill(t["q_rows"], t["k_rows"], t["v_rows"], cu, cu, n, n, causal=t["causal"])
-        return (out.view(b, s, h, out.shape[-1]).transpose(1, 2),)
+        out, _ = mk.mha_prefill(t["q_rows"], t["k_rows"], t["v_rows"], cu, cu, n, n, causal=t["causal"])
+        return (out,)
 
     return Runner(side, call, None, ("out",))
+
+
+# What a pinned backend that refuses a call raises: SDPA's "No available kernel" or "No viable
+# backend", NotImplementedError or "not implemented / supported", a cuDNN graph without an
+# execution plan. Anything else (out of memory, CUDA errors) is a failure.
+_REJECTIONS = re.compile(r"No available kernel|No viable backend|not (yet )?(implemented|supported)|No execution plan")
+
+
+def _rejected(e: Exception) -> bool:
+    if isinstance(e, torch.cuda.OutOfMemoryError) or "CUDA error" in str(e):
+        return False
+    if isinstance(e, NotImplementedError):
+        return True
+    return isinstance(e, (RuntimeError, ValueError)) and bool(_REJECTIONS.search(str(e)))
+
+
+def _sequence_views(rows: torch.Tensor, starts: Sequence[int]) -> Tuple[torch.Tensor, ...]:
+    """Packed rows [tokens, h, d] -> one [1, h, n, d] view per sequence (SDPA's layout, strided
+    over the same memory: nothing is copied)."""
+    return tuple(rows[a:b].unsqueeze(0).transpose(1, 2) for a, b in zip(starts[:-1], starts[1:]))
+
+
+def sdpa_mha_prefill_runner(side: str, backend: Any, x: Inputs) -> Runner:
+    """SDPA with `backend` pinned on [b, h, s, d] (every sequence s long) or once per sequence
+    on views of the packed rows (the varlen mix), made here, outside the timed call; `out`
+    converted to packed rows [tokens, h, d_v] by `unpack` (untimed). One untimed call first: a
+    backend that refuses the case raises SideUnsupported with its message."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    t = x.tensors
+    d_qk, d_v = t["q_rows"].shape[-1], t["v_rows"].shape[-1]
+    if backend == SDPBackend.FLASH_ATTENTION and d_qk != d_v:  # known up front: a clearer message
+        raise SideUnsupported(f"PyTorch's flash backend needs d_qk == d_v (here {d_qk} / {d_v})")
+    attend = torch.nn.functional.scaled_dot_product_attention
+    if t["varlen"]:
+        # One call per sequence on views of the packed rows: SDPA's packed form (jagged nested
+        # tensors) ran cuDNN ~18x slower than these calls (H100, torch 2.11, 48.6 ms against
+        # 2.7 ms for mlakit on the varlen mix), which would flatter the comparison.
+        starts = t["cu_seqlens"].tolist()
+        views = [_sequence_views(t[name], starts) for name in ("q_rows", "k_rows", "v_rows")]
+
+        def call() -> Any:
+            with sdpa_kernel([backend]):
+                return tuple(attend(q, k, v, is_causal=t["causal"]) for q, k, v in zip(*views))
+
+        def unpack(result: Any) -> Any:  # per sequence [1, h, n, d_v] -> packed rows [tokens, h, d_v]
+            return (torch.cat([o[0].transpose(0, 1) for o in result]),)
+    else:
+        q, k, v = t["q"], t["k"], t["v"]
+
+        def call() -> Any:
+            with sdpa_kernel([backend]):
+                return (attend(q, k, v, is_causal=t["causal"]),)
+
+        def unpack(result: Any) -> Any:  # [b, h, s, d_v] -> [b * s, h, d_v]
+            out = result[0]
+            return (out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[-1]),)
+
+    try:
+        call()
+    except Exception as e:
+        if _rejected(e):
+            raise SideUnsupported(f"{type(e).__name__}: {e}") from e
+        raise
+    return Runner(side, call, None, ("out",), unpack)
 
 
 def sdpa_runner(side: str, backend: Any, family: str, x: Inputs) -> Runner:
     """torch SDPA with one backend pinned (an unavailable backend raises at the call)."""
     from torch.nn.attention import sdpa_kernel
 
-    if family not in ("sdpa_mha", "mha_prefill"):
+    if family != "sdpa_mha":
         raise NotImplementedError(f"{side}: no {family} operation")
     t = x.tensors
 
@@ -214,8 +291,12 @@ def runner(side: str, handle: Any, family: str, x: Inputs) -> Runner:
         if side.startswith("sdpa"):
             return sdpa_gqa_runner(side, handle, x)
         raise NotImplementedError(f"{side}: no {family} operation")
-    if family == "mha_prefill" and side == "mlakit":
-        return mlakit_mha_prefill_runner(side, handle, x)
+    if family == "mha_prefill":
+        if side == "mlakit":
+            return mlakit_mha_prefill_runner(side, handle, x)
+        if side.startswith("sdpa"):
+            return sdpa_mha_prefill_runner(side, handle, x)
+        raise NotImplementedError(f"{side}: no {family} operation")
     if side in ("mlakit", "flashmla"):
         return flash_api_runner(side, handle, family, x)
     return sdpa_runner(side, handle, family, x)
