@@ -221,6 +221,62 @@ MLAKIT_DEFINE_WGMMA_RS_M64N128K16(wgmma_rs_m64n128k16_bf16, "bf16")
 MLAKIT_DEFINE_WGMMA_RS_M64N128K16(wgmma_rs_m64n128k16_f16, "f16")
 #undef MLAKIT_DEFINE_WGMMA_RS_M64N128K16
 
+// D (64 x 144, f32) (+)= A (64 x 16, shared memory) * B (16 x 144, shared memory):
+// wgmma.mma_async.sync.aligned.m64n144k16.f32.<T>.<T> (PTX ISA 9.7.15.5.2), T = bf16 | f16.
+// kTransB: 0 = B is K-major, 1 = B is N-major (e.g. V stored [keys][d]).
+#define MLAKIT_DEFINE_WGMMA_SS_M64N144K16(NAME, PTX_TYPE)                                              \
+  template <int kTransB>                                                                          \
+  __device__ __forceinline__ void NAME(float (&d)[72], uint64_t desc_a, uint64_t desc_b, bool accumulate) { \
+    asm volatile(                                                                                 \
+        "{\n"                                                                                      \
+        ".reg .pred p;\n"                                                                          \
+        "setp.ne.b32 p, %74, 0;\n"                                                                \
+        "wgmma.mma_async.sync.aligned.m64n144k16.f32." PTX_TYPE "." PTX_TYPE " "                     \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71}, %72, %73, p, 1, 1, 0, %75;\n" \
+        "}\n"                                                                                      \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]) \
+        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransB));            \
+  }
+MLAKIT_DEFINE_WGMMA_SS_M64N144K16(wgmma_ss_m64n144k16_bf16, "bf16")
+MLAKIT_DEFINE_WGMMA_SS_M64N144K16(wgmma_ss_m64n144k16_f16, "f16")
+#undef MLAKIT_DEFINE_WGMMA_SS_M64N144K16
+
+// D (64 x 144, f32) (+)= A (64 x 16, registers: 4 x 32-bit, docs/hopper.md, wgmma fragments) *
+// B (16 x 144, shared memory): the RS form of wgmma.mma_async.m64n144k16 (PTX ISA 9.7.15.5.2).
+// kTransB as above (A in registers has no transpose flag).
+#define MLAKIT_DEFINE_WGMMA_RS_M64N144K16(NAME, PTX_TYPE)                                              \
+  template <int kTransB>                                                                          \
+  __device__ __forceinline__ void NAME(float (&d)[72], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) { \
+    asm volatile(                                                                                 \
+        "{\n"                                                                                      \
+        ".reg .pred p;\n"                                                                          \
+        "setp.ne.b32 p, %77, 0;\n"                                                                \
+        "wgmma.mma_async.sync.aligned.m64n144k16.f32." PTX_TYPE "." PTX_TYPE " "                     \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71}, {%72, %73, %74, %75}, %76, p, 1, 1, %78;\n" \
+        "}\n"                                                                                      \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransB)); \
+  }
+MLAKIT_DEFINE_WGMMA_RS_M64N144K16(wgmma_rs_m64n144k16_bf16, "bf16")
+MLAKIT_DEFINE_WGMMA_RS_M64N144K16(wgmma_rs_m64n144k16_f16, "f16")
+#undef MLAKIT_DEFINE_WGMMA_RS_M64N144K16
+
 // D (64 x 256, f32) (+)= A (64 x 16, shared memory) * B (16 x 256, shared memory):
 // wgmma.mma_async.sync.aligned.m64n256k16.f32.<T>.<T> (PTX ISA 9.7.15.5.2), T = bf16 | f16.
 // kTransB: 0 = B is K-major, 1 = B is N-major (e.g. V stored [keys][d]).
@@ -314,6 +370,8 @@ MLAKIT_WGMMA_DISPATCH(112, __nv_bfloat16, bf16)
 MLAKIT_WGMMA_DISPATCH(112, __half, f16)
 MLAKIT_WGMMA_DISPATCH(128, __nv_bfloat16, bf16)
 MLAKIT_WGMMA_DISPATCH(128, __half, f16)
+MLAKIT_WGMMA_DISPATCH(144, __nv_bfloat16, bf16)
+MLAKIT_WGMMA_DISPATCH(144, __half, f16)
 MLAKIT_WGMMA_DISPATCH(256, __nv_bfloat16, bf16)
 MLAKIT_WGMMA_DISPATCH(256, __half, f16)
 #undef MLAKIT_WGMMA_DISPATCH

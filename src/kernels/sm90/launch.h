@@ -79,8 +79,19 @@ cudaError_t launch_mla_sparse_decode_sm90(const SparseDecodeParams& params, cons
 // softmax of a tile takes longer than its products, so two warpgroups multiply while one
 // computes it); 128 keys, 112 at d_qk 64 (the three warpgroups have 160 registers each: S,
 // P and O of 128 keys spilled) and 64 at d_v 256 (where O takes 128 registers per thread).
+// Wide key tiles, 144 keys (2 stages), at d 128 (mha_sm90_wide_keys): fewer tiles for the
+// same keys, so less fixed work per key (H100: s 16384 2.5% and the varlen mix 2.2% faster).
+// Not with causal (the wider tiles cross the diagonal more often: up to 2% slower), nor where
+// the keys are a multiple of 128 below 8192 (there 128-key tiles have no partial tile, and at
+// s 4096 the 144-key tiles' partial one, loaded and zeroed first, cost 1.5%); 160 and more
+// spill (docs/history.md).
+constexpr bool mha_sm90_wide_keys(int d_qk, bool causal, int max_seqlen_k) {
+  return d_qk == 128 && !causal && (max_seqlen_k % 128 != 0 || max_seqlen_k >= 8192);
+}
 constexpr int mha_sm90_block_m(int d_qk) { return d_qk == 64 ? 192 : 128; }
-constexpr int mha_sm90_block_n(int d_qk, int d_v) { return d_qk == 64 ? 112 : d_v <= 128 ? 128 : 64; }
+constexpr int mha_sm90_block_n(int d_qk, int d_v, bool wide_keys) {
+  return d_qk == 64 ? 112 : wide_keys ? 144 : d_v <= 128 ? 128 : 64;
+}
 
 // Its TMA maps: q, k and v as 4D maps {d, heads, tokens, 1} read in boxes of 64 columns x 1
 // head x a tile of tokens, 128-byte swizzled.

@@ -13,11 +13,12 @@ namespace mlakit::detail::mha_sm90 {
 
 namespace dev = mlakit::device::sm90;
 
-// One instance per (d_qk, d_v). A CTA owns kBlockM query rows of one head of one sequence:
+// One instance per (d_qk, d_v) and key-tile width (launch.h: two at d 128, mha_sm90_wide_keys).
+// A CTA owns kBlockM query rows of one head of one sequence:
 // warpgroup 0 is the producer (one thread issues the TMA loads), warpgroups 1 and 2 the
 // consumers of 64 rows each. Key tiles of kBlockN rows stream through kStages stages of K
 // and of V. Column slabs are 64 wide (128 bytes: the 128-byte swizzle span).
-template <int kDqkT, int kDvT>
+template <int kDqkT, int kDvT, bool kWideKeysT>
 struct Config {
   static constexpr int kDqk = kDqkT;
   static constexpr int kDv = kDvT;
@@ -26,7 +27,7 @@ struct Config {
   static constexpr int kConsumers = kBlockM / kRowsPerConsumer;
   // Keys per tile: as many as the registers allow (S kBlockN / 2 + P kBlockN / 4 + O d_v / 2
   // per thread; launch.h).
-  static constexpr int kBlockN = mha_sm90_block_n(kDqk, kDv);
+  static constexpr int kBlockN = mha_sm90_block_n(kDqk, kDv, kWideKeysT);
   static constexpr int kThreads = (1 + kConsumers) * dev::kWarpgroupThreads;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;

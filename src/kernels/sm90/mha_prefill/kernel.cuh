@@ -62,10 +62,15 @@ template <typename Elem>
 cudaError_t launch_mha_prefill_sm90(const MhaPrefillParams& p, const MhaPrefillMaps& maps, cudaStream_t stream) {
   using mha_sm90::Config;
   using mha_sm90::launch;
-  if (p.d_qk == 64) return launch<Config<64, 64>, Elem>(p, maps, stream);
-  if (p.d_qk == 128) return launch<Config<128, 128>, Elem>(p, maps, stream);
-  if (p.d_qk == 192) return launch<Config<192, 128>, Elem>(p, maps, stream);
-  return launch<Config<256, 256>, Elem>(p, maps, stream);
+  // Two key-tile widths at d 128 (launch.h, mha_sm90_wide_keys; the maps' boxes follow the
+  // same rule), one elsewhere.
+  if (p.d_qk == 64) return launch<Config<64, 64, false>, Elem>(p, maps, stream);
+  if (p.d_qk == 128) {
+    return mha_sm90_wide_keys(p.d_qk, p.causal, p.max_seqlen_k) ? launch<Config<128, 128, true>, Elem>(p, maps, stream)
+                                                                : launch<Config<128, 128, false>, Elem>(p, maps, stream);
+  }
+  if (p.d_qk == 192) return launch<Config<192, 128, false>, Elem>(p, maps, stream);
+  return launch<Config<256, 256, false>, Elem>(p, maps, stream);
 }
 
 }  // namespace mlakit::detail

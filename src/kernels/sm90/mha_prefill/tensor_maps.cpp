@@ -26,7 +26,7 @@ TmaTensor rows_tensor(const void* data, bool bf16, int64_t tokens, int heads, in
 
 bool make_mha_prefill_maps(const MhaPrefillParams& p, bool bf16, MhaPrefillMaps* maps, std::string* why) {
   constexpr cuuint32_t kBoxCols = 64;
-  const auto block_n = static_cast<cuuint32_t>(mha_sm90_block_n(p.d_qk, p.d_v));
+  const auto block_n = static_cast<cuuint32_t>(mha_sm90_block_n(p.d_qk, p.d_v, mha_sm90_wide_keys(p.d_qk, p.causal, p.max_seqlen_k)));
   const cuuint32_t q_box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(mha_sm90_block_m(p.d_qk)), 1};
   const cuuint32_t kv_box[4] = {kBoxCols, 1, block_n, 1};
   *maps = MhaPrefillMaps{};
