@@ -284,18 +284,20 @@ def sdpa_runner(side: str, backend: Any, family: str, x: Inputs) -> Runner:
     return Runner(side, call, None, ("out",))
 
 
+# Families whose sides need their own runners: (mlakit's, SDPA's).
+_OWN_RUNNERS = {
+    "gqa": (mlakit_gqa_runner, sdpa_gqa_runner),
+    "mha_prefill": (mlakit_mha_prefill_runner, sdpa_mha_prefill_runner),
+}
+
+
 def runner(side: str, handle: Any, family: str, x: Inputs) -> Runner:
-    if family == "gqa":
+    if family in _OWN_RUNNERS:
+        mine, sdpa = _OWN_RUNNERS[family]
         if side == "mlakit":
-            return mlakit_gqa_runner(side, handle, x)
+            return mine(side, handle, x)
         if side.startswith("sdpa"):
-            return sdpa_gqa_runner(side, handle, x)
-        raise NotImplementedError(f"{side}: no {family} operation")
-    if family == "mha_prefill":
-        if side == "mlakit":
-            return mlakit_mha_prefill_runner(side, handle, x)
-        if side.startswith("sdpa"):
-            return sdpa_mha_prefill_runner(side, handle, x)
+            return sdpa(side, handle, x)
         raise NotImplementedError(f"{side}: no {family} operation")
     if side in ("mlakit", "flashmla"):
         return flash_api_runner(side, handle, family, x)
