@@ -11,6 +11,7 @@
 #include "mlakit/mha_prefill.h"
 #include "reference/guarded.h"
 #include "reference/host_numeric.h"
+#include "reference/mha_prefill_sequences.h"
 #include "reference/parallel.h"
 
 namespace mlakit::reference {
@@ -18,53 +19,7 @@ namespace {
 
 constexpr const char* kOp = "reference::mha_prefill";
 
-struct Sequence {
-  int64_t q0, k0;  // first rows
-  int64_t lq, lk;  // lengths
-};
-
-// The prefix sums ordered, starting at 0, within the totals, each length within max_seqlen.
-Status read_sequences(const MhaPrefillArgs& a, const detail::MhaPrefillShape& s, std::vector<Sequence>* out) {
-  auto entry = [](const TensorRef& t, int64_t i) { return int64_t{host::load_as<int32_t>(t.data, i * t.stride[0])}; };
-  out->resize(static_cast<std::size_t>(s.b));
-  struct Side {
-    const char* name;
-    const TensorRef& cu;
-    int64_t total;
-    int max_len;
-    const char* max_name;
-  };
-  const Side sides[] = {{"cu_seqlens_q", a.cu_seqlens_q, s.total_q, a.max_seqlen_q, "max_seqlen_q"},
-                        {"cu_seqlens_k", a.cu_seqlens_k, s.total_k, a.max_seqlen_k, "max_seqlen_k"}};
-  for (int side = 0; side < 2; ++side) {
-    const Side& d = sides[side];
-    if (entry(d.cu, 0) != 0) {
-      return detail::invalid(kOp, std::string(d.name) + "[0]: expected 0, got " + std::to_string(entry(d.cu, 0)));
-    }
-    for (int64_t i = 0; i < s.b; ++i) {  // ordered first: a length is only meaningful then
-      const int64_t begin = entry(d.cu, i), end = entry(d.cu, i + 1);
-      if (end < begin || end > d.total) {
-        return detail::invalid(kOp, std::string(d.name) + "[" + std::to_string(i + 1) + "]: expected " +
-                                        std::to_string(begin) + " <= value <= " + std::to_string(d.total) +
-                                        " (ordered prefix sums within the rows), got " + std::to_string(end));
-      }
-    }
-    for (int64_t i = 0; i < s.b; ++i) {
-      const int64_t begin = entry(d.cu, i), end = entry(d.cu, i + 1);
-      if (end - begin > d.max_len) {
-        return detail::invalid(kOp, std::string(d.max_name) + ": expected >= every length, got " +
-                                        std::to_string(d.max_len) + " with sequence " + std::to_string(i) +
-                                        " of length " + std::to_string(end - begin));
-      }
-      Sequence& q = (*out)[static_cast<std::size_t>(i)];
-      (side == 0 ? q.q0 : q.k0) = begin;
-      (side == 0 ? q.lq : q.lk) = end - begin;
-    }
-  }
-  return Status::ok();
-}
-
-void query_row(const MhaPrefillArgs& a, const detail::MhaPrefillShape& s, double scale, const Sequence& seq,
+void query_row(const MhaPrefillArgs& a, const detail::MhaPrefillShape& s, double scale, const MhaSequence& seq,
                int64_t t, int h) {
   const int hk = h / (s.h_q / s.h_kv);
   const int64_t last = a.causal ? std::min(seq.lk - 1, t + seq.lk - seq.lq) : seq.lk - 1;  // visible keys [0, last]
@@ -100,12 +55,55 @@ void query_row(const MhaPrefillArgs& a, const detail::MhaPrefillShape& s, double
 
 }  // namespace
 
+Status read_mha_sequences(const char* op, const TensorRef& cu_seqlens_q, const TensorRef& cu_seqlens_k,
+                          int max_seqlen_q, int max_seqlen_k, const detail::MhaPrefillShape& s,
+                          std::vector<MhaSequence>* out) {
+  auto entry = [](const TensorRef& t, int64_t i) { return int64_t{host::load_as<int32_t>(t.data, i * t.stride[0])}; };
+  out->resize(static_cast<std::size_t>(s.b));
+  struct Side {
+    const char* name;
+    const TensorRef& cu;
+    int64_t total;
+    int max_len;
+    const char* max_name;
+  };
+  const Side sides[] = {{"cu_seqlens_q", cu_seqlens_q, s.total_q, max_seqlen_q, "max_seqlen_q"},
+                        {"cu_seqlens_k", cu_seqlens_k, s.total_k, max_seqlen_k, "max_seqlen_k"}};
+  for (int side = 0; side < 2; ++side) {
+    const Side& d = sides[side];
+    if (entry(d.cu, 0) != 0) {
+      return detail::invalid(op, std::string(d.name) + "[0]: expected 0, got " + std::to_string(entry(d.cu, 0)));
+    }
+    for (int64_t i = 0; i < s.b; ++i) {  // ordered first: a length is only meaningful then
+      const int64_t begin = entry(d.cu, i), end = entry(d.cu, i + 1);
+      if (end < begin || end > d.total) {
+        return detail::invalid(op, std::string(d.name) + "[" + std::to_string(i + 1) + "]: expected " +
+                                       std::to_string(begin) + " <= value <= " + std::to_string(d.total) +
+                                       " (ordered prefix sums within the rows), got " + std::to_string(end));
+      }
+    }
+    for (int64_t i = 0; i < s.b; ++i) {
+      const int64_t begin = entry(d.cu, i), end = entry(d.cu, i + 1);
+      if (end - begin > d.max_len) {
+        return detail::invalid(op, std::string(d.max_name) + ": expected >= every length, got " +
+                                       std::to_string(d.max_len) + " with sequence " + std::to_string(i) +
+                                       " of length " + std::to_string(end - begin));
+      }
+      MhaSequence& q = (*out)[static_cast<std::size_t>(i)];
+      (side == 0 ? q.q0 : q.k0) = begin;
+      (side == 0 ? q.lq : q.lk) = end - begin;
+    }
+  }
+  return Status::ok();
+}
+
 Status mha_prefill(const MhaPrefillArgs& args, int num_threads) {
   detail::MhaPrefillShape s;
   MLAKIT_RETURN_IF_ERROR(detail::validate_mha_prefill_args(kOp, args, /*allow_float_out=*/true, &s));
   if (s.b == 0) return Status::ok();
-  std::vector<Sequence> seqs;
-  MLAKIT_RETURN_IF_ERROR(read_sequences(args, s, &seqs));
+  std::vector<MhaSequence> seqs;
+  MLAKIT_RETURN_IF_ERROR(read_mha_sequences(kOp, args.cu_seqlens_q, args.cu_seqlens_k, args.max_seqlen_q,
+                                            args.max_seqlen_k, s, &seqs));
   if (detail::is_empty_problem(s)) return Status::ok();
   const double scale = detail::resolve_softmax_scale(args.softmax_scale, s.d_qk);
   // One work item per (sequence, query row): rows of one sequence share its keys.

@@ -68,4 +68,51 @@ namespace reference {
 Status mha_prefill(const MhaPrefillArgs& args, int num_threads = 0);
 }  // namespace reference
 
+// Backward of the forward above (FlashAttention's varlen backward): the gradients dq, dk, dv of
+// a loss L given dout = dL/dout, from the forward's inputs and its saved out and lse (used as
+// given, not recomputed). Same sequences, visibility (causal bottom-right), GQA mapping and
+// softmax_scale as the forward. Per sequence, query head h, query t, visible key j (kv head
+// hk = h / (h_q / h_kv)):
+//   s_tj  = scale * dot(q_t, k_j)        P_tj = exp(s_tj - lse_t)   (lse of the given tensor)
+//   D_t   = rowsum(dout_t * out_t)       (from the given out, as FlashAttention precomputes it)
+//   dP_tj = dot(dout_t, v_j)             dS_tj = P_tj * (dP_tj - D_t)
+//   dq_t  = scale * sum_j dS_tj k_j      dk_j = scale * sum_t dS_tj q_t      dv_j = sum_t P_tj dout_t
+// dk and dv of a kv head are summed over the h_q / h_kv query heads that share it. A query
+// that sees no key gets dq 0 (its lse, +inf from the forward, is not read); a key row of a
+// sequence that no query sees (a sequence without queries) gets dk = dv = 0; rows of dq, dk,
+// dv outside every sequence are left as they are. Every row inside a sequence is written, so
+// total_q = 0 or h_q = 0 (the forward's empty problem: no query) still zeroes the dk / dv rows
+// inside sequences; b = 0 writes nothing.
+struct MhaPrefillBackwardArgs {
+  TensorRef dout;          // [total_q, h_q, d_v]  q's dtype: dL/dout
+  TensorRef q;             // [total_q, h_q, d_qk] bf16 | fp16 (as the forward)
+  TensorRef k;             // [total_k, h_kv, d_qk] q's dtype; h_q % h_kv == 0
+  TensorRef v;             // [total_k, h_kv, d_v]  q's dtype
+  TensorRef out;           // [total_q, h_q, d_v]  the forward's out, q's dtype (the reference
+                           // also takes float32: the reference forward's unrounded out)
+  TensorRef lse;           // [h_q, total_q] float32, natural log: the forward's lse (required)
+  TensorRef cu_seqlens_q;  // [b + 1] int32, as the forward
+  TensorRef cu_seqlens_k;  // [b + 1] int32, as the forward
+  int max_seqlen_q = 0;    // >= every query length
+  int max_seqlen_k = 0;    // >= every key length
+  bool causal = false;
+  // Unset: 1 / sqrt(d_qk). Any finite value is used as given; NaN or an infinity is an error.
+  std::optional<float> softmax_scale = std::nullopt;
+  // The GPU kernels' mode whose dq, dk and dv are bitwise identical from run to run (without
+  // it the order of their float32 accumulation may vary between runs). The reference is always
+  // deterministic (its results do not depend on num_threads either) and ignores the flag.
+  bool deterministic = false;
+  TensorRef dq;  // [total_q, h_q, d_qk] q's dtype (the reference also takes float32)
+  TensorRef dk;  // [total_k, h_kv, d_qk] q's dtype (the reference also takes float32)
+  TensorRef dv;  // [total_k, h_kv, d_v]  q's dtype (the reference also takes float32)
+  // As the forward's (for the GPU kernels to come; the reference ignores it).
+  MlaKernel kernel = MlaKernel::kAuto;
+};
+
+namespace reference {
+// float64 reference of the backward on host memory; checks the prefix sums and lengths like
+// reference::mha_prefill. Outputs must not overlap each other or any input.
+Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, int num_threads = 0);
+}  // namespace reference
+
 }  // namespace mlakit

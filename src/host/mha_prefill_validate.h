@@ -1,6 +1,6 @@
-// Validation of the MHA prefill arguments (shapes, dtypes, strides, options), shared by the
-// CPU reference and the GPU entry point to come; the prefix sums' values are device data
-// that only the reference can read (it checks them itself).
+// Validation of the MHA prefill arguments (shapes, dtypes, strides, options), forward and
+// backward, shared by the CPU references and the GPU entry points; the prefix sums' values are
+// device data that only the references can read (they check them themselves).
 #pragma once
 
 #include <cstdint>
@@ -15,5 +15,13 @@ bool is_supported_head_dims(int d_qk, int d_v);
 
 Status validate_mha_prefill_args(const char* op, const MhaPrefillArgs& args, bool allow_float_out,
                                  MhaPrefillShape* shape);
+
+// The backward's arguments: q, k, v, the prefix sums, max_seqlen_* and the scale by the
+// forward's rules (same checks, same messages), then dout and out [total_q, h_q, d_v], lse
+// [h_q, total_q] float32 (required), dq / dk / dv shaped as q / k / v, each in q's dtype;
+// `allow_float`: out, dq, dk and dv may also be float32 (the CPU reference). The outputs dq,
+// dk, dv own their elements and overlap neither each other nor any input.
+Status validate_mha_prefill_backward_args(const char* op, const MhaPrefillBackwardArgs& args, bool allow_float,
+                                          MhaPrefillShape* shape);
 
 }  // namespace mlakit::detail
