@@ -18,6 +18,8 @@ Status unsupported(const char* op, const std::string& what) {
 }
 
 std::string shape_string(const TensorRef& t) {
+  // Called on tensors not yet checked: a rank outside the stored extents prints as such.
+  if (t.rank < 0 || t.rank > kMaxRank) return "[rank " + std::to_string(t.rank) + "]";
   std::ostringstream s;
   s << "[";
   for (int i = 0; i < t.rank; ++i) s << (i ? ", " : "") << t.shape[i];

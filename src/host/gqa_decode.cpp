@@ -101,6 +101,7 @@ Status check_device_args(const char* op, const GqaDecodeArgs& a, const detail::G
 Status gqa_decode_workspace_size(const GqaDecodeProblem& problem, std::size_t* bytes) {
   constexpr const char* kOp = "gqa_decode_workspace_size";
   if (bytes == nullptr) return invalid(kOp, "bytes: expected a non-null pointer, got null");
+  MLAKIT_RETURN_IF_ERROR(detail::validate_gqa_decode_problem(kOp, problem));  // bad input before a missing GPU
   detail::DeviceInfo dev;
   MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
   GqaDecodePlan layout;

@@ -22,24 +22,29 @@ constexpr const char* kOp = "mha_prefill";
 
 // Rows of `t` start at multiples of `bytes` (base pointer and the two outer strides): the
 // kernels move two 16-bit values at a time at least (the Hopper kernel needs 16-byte rows of
-// q, k and v; the dispatch falls back to the portable kernel without them).
+// q, k and v; the dispatch falls back to the portable kernel without them). Unlike
+// detail::check_row_alignment this checks strides of size-1 dimensions too: the Hopper
+// kernel's tensor maps carry both strides whatever the extents. An empty tensor moves no row.
 Status check_row_alignment(const char* name, const TensorRef& t, int64_t bytes) {
+  if (detail::has_no_elements(t)) return Status::ok();
   const auto elem = static_cast<int64_t>(dtype_size(t.dtype));
-  const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % bytes == 0 &&
-                       (t.stride[0] * elem) % bytes == 0 && (t.stride[1] * elem) % bytes == 0;
+  const int64_t elems = bytes / elem;  // strides are in elements: no byte product to overflow
+  const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % bytes == 0 && t.stride[0] % elems == 0 &&
+                       t.stride[1] % elems == 0;
   if (aligned) return Status::ok();
   return detail::invalid(kOp, std::string(name) + ": the kernel needs rows aligned to " + std::to_string(bytes) +
-                                  " bytes (data pointer and strides[0..1] multiples of " +
-                                  std::to_string(bytes / elem) + " elements), got strides (" +
-                                  std::to_string(t.stride[0]) + ", " + std::to_string(t.stride[1]) + ")");
+                                  " bytes (data pointer and strides[0..1] multiples of " + std::to_string(elems) +
+                                  " elements), got strides (" + std::to_string(t.stride[0]) + ", " +
+                                  std::to_string(t.stride[1]) + ")");
 }
 
 }  // namespace
 
 Status mha_prefill_workspace_size(const MhaPrefillArgs& args, std::size_t* bytes) {
-  if (bytes == nullptr) return detail::invalid(kOp, "bytes: expected a pointer, got nullptr");
+  constexpr const char* kSizeOp = "mha_prefill_workspace_size";
+  if (bytes == nullptr) return detail::invalid(kSizeOp, "bytes: expected a pointer, got nullptr");
   detail::MhaPrefillShape shape;
-  MLAKIT_RETURN_IF_ERROR(detail::validate_mha_prefill_args(kOp, args, /*allow_float_out=*/false, &shape));
+  MLAKIT_RETURN_IF_ERROR(detail::validate_mha_prefill_args(kSizeOp, args, /*allow_float_out=*/false, &shape));
   *bytes = 0;
   return Status::ok();
 }

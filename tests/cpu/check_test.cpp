@@ -58,6 +58,17 @@ TEST(TensorRef, TooManyDimensionsGiveAMalformedTensor) {
   EXPECT_EQ(s.message().find("differ in length"), std::string::npos) << s.message();
 }
 
+// shape_string runs on tensors not yet checked (the "got ..." of a message): a rank outside
+// the stored extents must print as such, not read past them.
+TEST(ShapeString, RankOutsideTheStoredExtents) {
+  TensorRef t = make_tensor(fake_ptr(), DType::kFP32, {2, 3});
+  EXPECT_EQ(shape_string(t), "[2, 3]");
+  t.rank = 1 << 20;
+  EXPECT_EQ(shape_string(t), "[rank 1048576]");
+  t.rank = -1;
+  EXPECT_EQ(shape_string(t), "[rank -1]");
+}
+
 TEST(CheckTensorWellformed, RankOutOfRange) {
   TensorRef t;  // rank 0
   t.data = fake_ptr();

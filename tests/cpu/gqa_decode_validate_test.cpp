@@ -110,6 +110,23 @@ TEST(GqaDecodeValidate, RejectsBadArgumentsNamingThem) {
   }
 }
 
+// A scale given for a 16-bit cache with a rank beyond the stored extents: named, not read.
+TEST(GqaDecodeValidate, AScaleOfAnyRankIsNamedWithoutReadingIt) {
+  GqaCase c(kBf16);
+  std::vector<float> scale(4, 1.0f);
+  c.args.k_cache.scale = make_tensor(scale.data(), DType::kFP32, {4});
+  c.args.k_cache.scale.rank = 1 << 20;
+  EXPECT_TRUE(testing::IsInvalid(reference::gqa_decode(c.args), {"k_cache.scale: expected none", "[rank 1048576]"}));
+}
+
+// The workspace query validates the problem before it looks for a GPU: bad input gets its
+// own error on any machine.
+TEST(GqaDecodeValidate, WorkspaceSizeNamesABadProblemBeforeTheDevice) {
+  std::size_t bytes = 0;
+  const GqaDecodeProblem bad{.b = 1, .h_q = 6, .h_kv = 4, .d = 128};
+  EXPECT_TRUE(testing::IsInvalid(gqa_decode_workspace_size(bad, &bytes), {"gqa_decode_workspace_size: problem.h_q", "multiple of h_kv = 4"}));
+}
+
 // Read-only caches may share memory with each other (the same tensor for keys and values).
 TEST(GqaDecodeValidate, CachesMayAliasWithoutAppend) {
   GqaCase c(GqaSpec{.seed = 3});

@@ -204,6 +204,30 @@ TEST(MhaPrefillReference, RejectsBadArgumentsNamingThem) {
   EXPECT_FALSE(reference::mha_prefill(a).is_ok());
 }
 
+// The GPU entry points' own checks, which run before any device is looked for: the workspace
+// query names itself, and the row-alignment rule reads the strides of an empty q (any
+// value, here one whose byte product overflows int64) without arithmetic on them.
+TEST(MhaPrefillEntry, WorkspaceSizeNamesItselfAndEmptyTensorsNeedNoAlignment) {
+  Case c = make_case({3, 2}, {4, 2}, 4, 2, 128, 128, 31);
+  Outputs o;
+  MhaPrefillArgs a = args_of(c, o, false);
+  a.v.dtype = DType::kFP16;
+  std::size_t bytes = 1;
+  const Status s = mha_prefill_workspace_size(a, &bytes);
+  EXPECT_TRUE(IsInvalid(s, {"mha_prefill_workspace_size: "}));
+  EXPECT_EQ(bytes, 1u);
+
+  Case e = make_case({0}, {3}, 2, 1, 64, 64, 32);
+  a = args_of(e, o, false);
+  std::vector<uint16_t> out16(1);
+  a.out = make_tensor(out16.data(), DType::kBF16, {0, 2, 64});
+  a.lse = TensorRef{};
+  a.q.stride[0] = int64_t{6648785679721042964};
+  const Status r = mha_prefill(a, nullptr, 0, nullptr);  // no GPU or host pointers: an error, never about q
+  EXPECT_FALSE(r.is_ok());
+  EXPECT_EQ(r.message().find("aligned"), std::string::npos) << r.message();
+}
+
 TEST(MhaPrefillReference, AnEmptyBatchOrNoQueryRowsWritesNothing) {
   Case c = make_case({0, 0}, {3, 0}, 2, 1, 64, 64, 40);
   Outputs o;

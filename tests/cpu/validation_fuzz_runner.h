@@ -129,5 +129,6 @@ struct OpDriver {
 };
 std::vector<OpDriver> decode_drivers();  // dense and sparse decode (validation_fuzz_decode.cpp)
 std::vector<OpDriver> other_drivers();   // prefill, FP8 cache tools, make_tensor, merge_states
+std::vector<OpDriver> attention_drivers();  // MHA prefill, GQA decode and cache tools (validation_fuzz_attention.cpp)
 
 }  // namespace mlakit::fuzz
