@@ -97,6 +97,10 @@ MemoryRange buffer_range(const char* name, const void* data, std::size_t bytes) 
   return MemoryRange{.name = name, .first = first, .last = first + bytes - 1, .empty = false};
 }
 
+Status check_disjoint(const char* op, std::span<const MemoryRange> outputs, std::span<const MemoryRange> inputs) {
+  return disjoint(op, outputs, inputs);
+}
+
 Status check_disjoint(const char* op, std::initializer_list<MemoryRange> outputs,
                       std::initializer_list<MemoryRange> inputs) {
   return disjoint(op, std::span(outputs.begin(), outputs.size()), std::span(inputs.begin(), inputs.size()));

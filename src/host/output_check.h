@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 
 #include "mlakit/status.h"
 #include "mlakit/tensor.h"
@@ -44,6 +45,8 @@ MemoryRange buffer_range(const char* name, const void* data, std::size_t bytes);
 // allocated and the sliced-by-leading-dimension tensors callers pass.
 Status check_disjoint(const char* op, std::initializer_list<MemoryRange> outputs,
                       std::initializer_list<MemoryRange> inputs);
+// The same over ranges gathered at run time (an operation with a list of inputs).
+Status check_disjoint(const char* op, std::span<const MemoryRange> outputs, std::span<const MemoryRange> inputs);
 
 struct NamedTensor {
   const char* name;
