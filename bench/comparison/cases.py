@@ -5,7 +5,8 @@ baseline of the ratio, `subject` the side the ratio is about: ratio = t_baseline
 (> 1: the subject is faster). A family whose operation mlakit does not have yet names no
 mlakit side; a new operation adds a family here, a generator in data.py and a reference in
 reference.py, and names its sides (the GQA decode: PyTorch SDPA on cuDNN against mlakit; the
-MHA prefill: SDPA on cuDNN and on its flash backend against mlakit).
+MHA prefill: SDPA on cuDNN and on its flash backend against mlakit; the merge of partial
+states: the eager PyTorch merge an engine would write against mlakit).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import dataclasses
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-SIDES = ("flashmla", "mlakit", "sdpa_cudnn", "sdpa_flash")
+SIDES = ("flashmla", "mlakit", "sdpa_cudnn", "sdpa_flash", "torch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,11 @@ FAMILIES: Dict[str, Family] = {
         # sequence is s long, one call per sequence on views of the very same packed rows for
         # the varlen mix. A backend that cannot run a case is reported as not supported there.
         Family("mha_prefill", "MHA prefill forward (bf16)", ("sdpa_cudnn", "sdpa_flash", "mlakit"), "mlakit", True),
+        # The merge of partial attention states (issue 30) against the eager PyTorch merge
+        # (logsumexp, weights, a float32 weighted sum): memory-bound, judged by its fraction of
+        # the copy ceiling. Not in the default run: no library competes for it, and the default
+        # run fills most of the GPU script's time limit already.
+        Family("merge", "merge of partial states", ("torch", "mlakit"), "mlakit", False),
         # Not an mlakit operation: cuDNN against PyTorch's flash backend on the brief's cuDNN
         # shapes (cuDNN's figures of the same run beside PyTorch's own kernel).
         Family("sdpa_mha", "SDPA MHA forward (cuDNN vs flash)", ("sdpa_cudnn", "sdpa_flash"), "sdpa_flash", False),
@@ -111,6 +117,22 @@ def _mha_prefill_varlen(tokens: int, min_s: int, max_s: int, d: int, h: int, cau
     return Case(name, "mha_prefill", params)
 
 
+def _merge(n: int, rows: Tuple[int, ...], d: int, dtype: str = "bf16", out_dtype: str = "bf16",
+           lse_layout: str = "rows", quick: bool = False) -> Case:
+    """n states [rows..., d] of `dtype` (bf16 / fp32) merged into `out_dtype`. lse_layout
+    'rows': rows (tokens, h), LSEs [n, tokens, h]; 'decode': rows (b, s_q, h_q), LSEs in the
+    decode's [n, b, h_q, s_q] memory passed as the [n, b, s_q, h_q] view (context-parallel
+    decode)."""
+    params = dict(n=n, rows=list(rows), d=d, dtype=dtype, out_dtype=out_dtype, lse_layout=lse_layout)
+    if lse_layout == "decode":
+        b, s_q, h_q = rows
+        name = f"merge_cp_decode_b{b}_sq{s_q}_hq{h_q}_d{d}_n{n}_{dtype}"
+    else:
+        tokens, h = rows
+        name = f"merge_t{tokens}_h{h}_d{d}_n{n}_{dtype}"
+    return Case(name + ("" if out_dtype == dtype else f"_to_{out_dtype}"), "merge", params, quick)
+
+
 def all_cases() -> List[Case]:
     """The listed cases (docs/benchmarking.md) of every operation that exists, in table order."""
     cases: List[Case] = []
@@ -139,6 +161,11 @@ def all_cases() -> List[Case]:
     # d 128 cases: the same FLOPs and bytes; Gemma-7B's 16 heads of 256).
     cases += [_mha_prefill(4, 4096, 64, 64, 32, False), _mha_prefill(4, 4096, 256, 256, 16, False)]
     cases += [_sdpa_mha(False), _sdpa_mha(True)]
+    # Merge (issue 30): the states of a context-parallel MLA decode (b = 128 tokens, h_q 128,
+    # d 512) from 2, 4, 8 GPUs; large merges of 16384 tokens x 32 heads x d 128 (cascade /
+    # prefill states), bf16 from 2 and 4 states, float32 partials into bf16 from 8.
+    cases += [_merge(n, (128, 1, 128), 512, lse_layout="decode", quick=n == 2) for n in (2, 4, 8)]
+    cases += [_merge(n, (16384, 32), 128, quick=n == 4) for n in (2, 4)] + [_merge(8, (16384, 32), 128, "fp32")]
     return cases
 
 

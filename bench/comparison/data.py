@@ -17,6 +17,10 @@ case and handed to every side unchanged.
   long: [b, h, s, d] for SDPA, the same values as packed rows [b * s, h, d] with cu_seqlens for
   mlakit. The varlen mix: packed rows [tokens, h, d] with cu_seqlens for mlakit, and for SDPA
   [1, h, n, d] views of those very rows, one per sequence; lengths from varlen_lengths.
+- Merge: n states o [n, rows..., d] ~ N(0, 1) / 4 (bf16 or float32) and their LSEs ~
+  N(4, 3) float32 (weights spread over orders of magnitude; no empty state: the PyTorch side
+  has no rule for them), stacked; the context-parallel decode's LSEs in the decode's [n, b,
+  h_q, s_q] memory, handed over as the [n, b, s_q, h_q] view.
 q ~ N(0, 1); the decode caches ~ N(0, 1) / 10 clamped to [-1, 1] (FlashMLA's decode tests, and
 the scale the contract's absolute tolerance (docs/contract.md) is meant for: with N(0, 1) cache values the bf16
 rounding of P alone moves outputs of the shortest sequences by ~1e-2 in both libraries);
@@ -348,6 +352,30 @@ def mha_prefill(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
     return Inputs(tensors, info)
 
 
+MERGE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def merge(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
+    _, dev = _generators(seed, device)
+    n, rows, d = p["n"], tuple(p["rows"]), p["d"]
+    in_dtype, out_dtype = MERGE_DTYPES[p["dtype"]], MERGE_DTYPES[p["out_dtype"]]
+    o = (_normal((n, *rows, d), torch.float32, device, dev) / 4).to(in_dtype)
+    if p["lse_layout"] == "decode":  # rows (b, s_q, h_q); memory [n, b, h_q, s_q]
+        b, s_q, h_q = rows
+        lse = (_normal((n, b, h_q, s_q), torch.float32, device, dev) * 3 + 4).transpose(2, 3)
+    else:
+        lse = _normal((n, *rows), torch.float32, device, dev) * 3 + 4
+    count = math.prod(rows)
+    info = dict(
+        seed=seed,
+        flops=2.0 * n * count * d,  # a multiply-add per state value
+        # every state's o and lse read, out and out_lse written
+        bytes=float(n * count * (d * in_dtype.itemsize + 4) + count * (d * out_dtype.itemsize + 4)),
+        tokens=float(count // rows[-1]),  # rows but the heads
+    )
+    return Inputs(dict(o=o, lse=lse, out_dtype=out_dtype), info)
+
+
 _GENERATORS = {
     "dense_decode": dense_decode,
     "sparse_decode": sparse_decode,
@@ -355,4 +383,5 @@ _GENERATORS = {
     "gqa": gqa,
     "sdpa_mha": sdpa_mha,
     "mha_prefill": mha_prefill,
+    "merge": merge,
 }

@@ -3,8 +3,8 @@ timing) and the accuracy checks (docs/contract.md) of a side's outputs against t
 
 The sample: a few batch entries (dense and sparse decode: the longest, the shortest and
 random ones) or query tokens (sparse prefill: the first, the last and random ones; MHA
-prefill: those of every sequence), or query rows (SDPA). Every output of the whole tensor is
-also checked for NaN.
+prefill: those of every sequence; merge: entries of the first row dimension), or query rows
+(SDPA). Every output of the whole tensor is also checked for NaN.
 """
 
 from __future__ import annotations
@@ -159,6 +159,19 @@ def mha_prefill(x: Inputs) -> Dict[str, Any]:
     return dict(index=("token", rows), out=torch.cat(outs))
 
 
+def merge(x: Inputs) -> Dict[str, Any]:
+    """The merge of docs/contract.md in float64 on SAMPLE_TOKENS entries of the first row
+    dimension (tokens, or batch entries), the first and the last included, every other row."""
+    t = x.tensors
+    o, lse = t["o"], t["lse"]
+    rows = _pick(o.shape[1], SAMPLE_TOKENS, x.info["seed"], [0, o.shape[1] - 1])
+    at = torch.tensor(rows, device=o.device)
+    states, logs = o.index_select(1, at).double(), lse.index_select(1, at).double()
+    merged = torch.logsumexp(logs, dim=0)
+    out = (states * torch.exp(logs - merged).unsqueeze(-1)).sum(dim=0)
+    return dict(index=("token", rows), out=out, lse=merged)
+
+
 REFERENCES = {
     "dense_decode": dense_decode,
     "sparse_decode": sparse_decode,
@@ -166,6 +179,7 @@ REFERENCES = {
     "gqa": gqa,
     "sdpa_mha": sdpa_mha,
     "mha_prefill": mha_prefill,
+    "merge": merge,
 }
 
 

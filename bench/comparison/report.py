@@ -12,7 +12,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TABLE_MARK = "== side by side =="
-SIDE_LABELS = {"flashmla": "FlashMLA", "mlakit": "mlakit", "sdpa_cudnn": "cuDNN", "sdpa_flash": "SDPA-flash"}
+SIDE_LABELS = {"flashmla": "FlashMLA", "mlakit": "mlakit", "sdpa_cudnn": "cuDNN", "sdpa_flash": "SDPA-flash",
+               "torch": "PyTorch"}
 
 
 def commit() -> str:

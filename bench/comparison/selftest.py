@@ -1,7 +1,8 @@
 """What can be checked without a GPU, on tiny problems on the CPU: the case table, the data
 conventions, the references and checks (against mlakit's float64 CPU reference where mlakit
 is importable, which its drop-in runs for host tensors), the SDPA side (math backend), the
-run loop with wall-clock stand-ins for the GPU timers, the JSON lines, the table and the chart."""
+eager PyTorch merge, the run loop with wall-clock stand-ins for the GPU timers, the JSON
+lines, the table and the chart."""
 
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ MHA = _case("mha_prefill", b=2, h=2, s=48, d_qk=64, d_v=64, causal=True, varlen=
 MHA_D192 = _case("mha_prefill", b=2, h=2, s=48, d_qk=192, d_v=128, causal=True, varlen=False)
 VARLEN = {causal: _case("mha_prefill", tokens=200, min_s=16, max_s=96, h=2, d_qk=64, d_v=64, causal=causal, varlen=True)
           for causal in (False, True)}
+# s_q 2 in the decode layout: the LSE view's strides differ from a contiguous tensor's.
+MERGE = {"cp_decode": cases._merge(3, (4, 2, 8), 64, lse_layout="decode"),
+         "fp32_to_bf16": cases._merge(5, (40, 4), 32, "fp32", "bf16")}
 
 
 def test_case_table() -> None:
@@ -60,6 +64,12 @@ def test_case_table() -> None:
     expect([c.name for c in cases.select(table, pattern="sk32768_causal")] == ["dense_b128_hq128_sq2_sk32768_causal"],
            "--filter by regex")
     expect(len(cases.select(table, ["sdpa_mha"])) == 2, "--families sdpa_mha: 2 cases")
+    merge = cases.select(table, ["merge"])
+    expect(len(merge) == 6 and not cases.FAMILIES["merge"].default
+           and cases.FAMILIES["merge"].sides == ("torch", "mlakit"),
+           "--families merge: 6 cases, not in the default run; PyTorch (baseline) and mlakit")
+    expect([c.name for c in merge if c.quick] == ["merge_cp_decode_b128_sq1_hq128_d512_n2_bf16",
+                                                 "merge_t16384_h32_d128_n4_bf16"], "merge: two quick cases")
 
 
 def test_dense_data() -> None:
@@ -165,6 +175,30 @@ def test_mha_prefill_data() -> None:
            "mha_prefill: packed rows hold SDPA's [b, h, s, d] values; FLOPs 2 b h s^2 (d_qk + d_v), causal / 2")
 
 
+def test_merge_data() -> None:
+    x = data.generate(MERGE["cp_decode"], 3, "cpu")
+    o, lse = x.tensors["o"], x.tensors["lse"]
+    expect(o.shape == (3, 4, 2, 8, 64) and o.dtype == torch.bfloat16 and lse.shape == (3, 4, 2, 8)
+           and lse.stride() == (64, 16, 1, 2) and x.tensors["out_dtype"] == torch.bfloat16,
+           f"merge cp decode: states [n, b, s_q, h_q, d], LSEs the view of [n, b, h_q, s_q] memory {lse.stride()}")
+    rows = 4 * 2 * 8
+    expect(x.info["bytes"] == 3 * rows * (64 * 2 + 4) + rows * (64 * 2 + 4) and x.info["tokens"] == 8,
+           "merge: bytes = states read + out written (values and LSEs); tokens = rows / heads")
+    x = data.generate(MERGE["fp32_to_bf16"], 3, "cpu")
+    t = x.tensors
+    expect(t["o"].dtype == torch.float32 and t["out_dtype"] == torch.bfloat16 and t["lse"].is_contiguous()
+           and x.info["bytes"] == 5 * 160 * (32 * 4 + 4) + 160 * (32 * 2 + 4),
+           "merge fp32 -> bf16: float32 states, contiguous LSEs, bytes by each dtype")
+
+
+def test_merge_torch_side() -> None:
+    for name, case in MERGE.items():
+        x = data.generate(case, 5, "cpu")
+        r = sides.runner("torch", torch, "merge", x)
+        result = reference.check("merge", r.outputs(r.call()), reference.merge(x))
+        expect(result["ok"], f"merge {name}: the PyTorch side passes the check {result['out']} {result['lse']}")
+
+
 def test_mha_prefill_reference() -> None:
     """The per-sequence reference against SDPA in float64 per sequence; attention across the
     sequences of the packed rows (one long sequence) must fail the check."""
@@ -195,7 +229,7 @@ def _mlakit():
 
 
 def test_references(api) -> None:
-    for case in (DENSE, SPARSE, PREFILL, *GQA.values(), MHA, MHA_D192, *VARLEN.values()):
+    for case in (DENSE, SPARSE, PREFILL, *GQA.values(), MHA, MHA_D192, *VARLEN.values(), *MERGE.values()):
         x = data.generate(case, 5, "cpu")
         ref = reference.REFERENCES[case.family](x)
         if api is None:
@@ -314,14 +348,15 @@ def test_run_loop(api) -> None:
     if api is not None:
         plan += [(c, {"flashmla": api, "mlakit": api}) for c in (DENSE, SPARSE, PREFILL)]
         plan += [(c, {"sdpa_cudnn": SDPBackend.MATH, "mlakit": api}) for c in (GQA["int8"], GQA["bf16_append"])]
+        plan += [(MERGE["cp_decode"], {"torch": torch, "mlakit": api})]
     records = [runner.run_case(case, handles, opts, WallMeasure(), "cpu") for case, handles in plan]
     for rec in records:
         report.add_ceiling_fractions(rec, {"copy_gbps": 100.0})
-    counted = [r for r in records if r["family"] == "gqa"]
+    counted = [r for r in records if r["family"] in ("gqa", "merge")]
     expect(all(report.bandwidth_line(r) and all("copy_fraction" in s and "tokens_per_s" in s
                                                  for s in r["sides"].values()) for r in counted)
-           and len(counted) == (2 if api is not None else 0),
-           f"gqa: GB/s, tokens/s and the fraction of the copy ceiling per side ({len(counted)} cases)")
+           and len(counted) == (3 if api is not None else 0),
+           f"gqa and merge: GB/s, tokens/s and the fraction of the copy ceiling per side ({len(counted)} cases)")
     for rec in records:
         sides_ok = all(s["check"]["ok"] and len(s["rounds"]) == 2 for s in rec["sides"].values())
         orders = [[r["position"] for r in s["rounds"]] for s in rec["sides"].values()]
@@ -380,7 +415,8 @@ def main(argv: List[str]) -> int:
     torch.manual_seed(0)
     api = _mlakit()
     for test in (test_case_table, test_dense_data, test_sparse_data, test_prefill_data, test_gqa_data,
-                 test_mha_prefill_data, test_mha_prefill_reference, test_sdpa_side, test_kernel_names):
+                 test_mha_prefill_data, test_merge_data, test_mha_prefill_reference, test_sdpa_side,
+                 test_merge_torch_side, test_kernel_names):
         test()
     test_references(api)
     test_run_loop(api)

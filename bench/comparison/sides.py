@@ -17,6 +17,10 @@ The MHA prefill: mlakit's `mha_prefill` on packed rows + cu_seqlens; SDPA on [b,
 rows. Every side returns `out` as packed rows [tokens, h, d_v] (SDPA's converted
 outside the timed call). A side that cannot run a case raises SideUnsupported: reported as not
 supported, not as a failure.
+
+The merge of partial states: mlakit's `merge_states` on the stacked states into output
+buffers made once (an engine's), against the merge as a PyTorch user writes it, eager
+(`torch`: logsumexp over the states, the weights, the weighted sum in float32, the cast).
 """
 
 from __future__ import annotations
@@ -99,6 +103,8 @@ def load(names: Sequence[str]) -> Dict[str, Any]:
             handles[name] = _load_mlakit()
         elif name == "flashmla":
             handles[name] = _load_flashmla()
+        elif name == "torch":
+            handles[name] = torch
         else:
             handles[name] = _load_sdpa(name)
     return handles
@@ -112,6 +118,8 @@ def describe(handles: Dict[str, Any]) -> Dict[str, str]:
             package = importlib.import_module(handle.__name__.split(".")[0])
             version = getattr(package, "__version__", "?")
             out[name] = f"{package.__name__} {version} from {os.path.dirname(os.path.abspath(package.__file__))}"
+        elif name == "torch":
+            out[name] = f"torch {torch.__version__} eager"
         else:
             out[name] = f"torch {torch.__version__} SDPA {handle}"
     return out
@@ -204,6 +212,31 @@ def mlakit_mha_prefill_runner(side: str, api: Any, x: Inputs) -> Runner:
     return Runner(side, call, None, ("out",))
 
 
+def mlakit_merge_runner(side: str, api: Any, x: Inputs) -> Runner:
+    """mlakit.merge_states on the stacked states, into out / out_lse buffers made here."""
+    mk = importlib.import_module(api.__name__.split(".")[0])
+    t = x.tensors
+    o, lse = t["o"], t["lse"]
+    out = torch.empty(o.shape[1:], dtype=t["out_dtype"], device=o.device)
+    out_lse = torch.empty(lse.shape[1:], dtype=torch.float32, device=o.device)
+    return Runner(side, lambda: mk.merge_states(o, lse, out, out_lse), None, ("out", "lse"))
+
+
+def torch_merge_runner(side: str, handle: Any, x: Inputs) -> Runner:
+    """The merge as a PyTorch user writes it, eager: lse = logsumexp over the states, weights
+    exp(lse_i - lse), the weighted sum in float32, cast to the output dtype. It has no rule for
+    empty states (a row of -inf LSEs gives NaN); the cases have none."""
+    t = x.tensors
+    o, lse, out_dtype = t["o"], t["lse"], t["out_dtype"]
+
+    def call() -> Any:
+        merged = torch.logsumexp(lse, dim=0)
+        weights = torch.exp(lse - merged).unsqueeze(-1)
+        return (o.float() * weights).sum(dim=0).to(out_dtype), merged
+
+    return Runner(side, call, None, ("out", "lse"))
+
+
 # What a pinned backend that refuses a call raises: SDPA's "No available kernel" or "No viable
 # backend", NotImplementedError or "not implemented / supported", a cuDNN graph without an
 # execution plan. Anything else (out of memory, CUDA errors) is a failure.
@@ -284,20 +317,22 @@ def sdpa_runner(side: str, backend: Any, family: str, x: Inputs) -> Runner:
     return Runner(side, call, None, ("out",))
 
 
-# Families whose sides need their own runners: (mlakit's, SDPA's).
+# Families whose sides need their own runners: (mlakit's, the prefix of the other sides'
+# names, their runner).
 _OWN_RUNNERS = {
-    "gqa": (mlakit_gqa_runner, sdpa_gqa_runner),
-    "mha_prefill": (mlakit_mha_prefill_runner, sdpa_mha_prefill_runner),
+    "gqa": (mlakit_gqa_runner, "sdpa", sdpa_gqa_runner),
+    "mha_prefill": (mlakit_mha_prefill_runner, "sdpa", sdpa_mha_prefill_runner),
+    "merge": (mlakit_merge_runner, "torch", torch_merge_runner),
 }
 
 
 def runner(side: str, handle: Any, family: str, x: Inputs) -> Runner:
     if family in _OWN_RUNNERS:
-        mine, sdpa = _OWN_RUNNERS[family]
+        mine, others, theirs = _OWN_RUNNERS[family]
         if side == "mlakit":
             return mine(side, handle, x)
-        if side.startswith("sdpa"):
-            return sdpa(side, handle, x)
+        if side.startswith(others):
+            return theirs(side, handle, x)
         raise NotImplementedError(f"{side}: no {family} operation")
     if side in ("mlakit", "flashmla"):
         return flash_api_runner(side, handle, family, x)

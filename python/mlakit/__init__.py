@@ -22,6 +22,7 @@ from ._decode import MlaDecodePlan, mla_decode, mla_decode_plan
 from ._fp8_cache import append_fp8_cache, dequantize_fp8_cache, quantize_fp8_cache
 from ._gqa_cache import dequantize_gqa_cache, gqa_cache_append, quantize_gqa_cache
 from ._gqa_decode import GqaDecodePlan, gqa_decode, gqa_decode_plan
+from ._merge import merge_states
 from ._mha_prefill import mha_prefill
 from ._sparse_decode import mla_sparse_decode, mla_sparse_decode_plan
 from ._sparse_prefill import mla_sparse_prefill
@@ -46,4 +47,5 @@ __all__ = [
     "dequantize_gqa_cache",
     "gqa_cache_append",
     "mha_prefill",
+    "merge_states",
 ]

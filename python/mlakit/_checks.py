@@ -33,15 +33,29 @@ def array(op: str, name: str, x: Any, dims: str) -> Any:
     """`x` is an array whose dimensions `dims` names as the docs write them ('[b, s_q, h_q,
     d_qk]'; a leading '...' admits any number of leading dimensions). Returns `x`."""
     names, leading = _dims(dims)
-    if x is None or not (hasattr(x, "__dlpack__") and hasattr(x, "shape")):
-        raise TypeError(f"{op}: {name}: expected {_FRAMEWORKS} {dims}, got {'None' if x is None else _type_name(x)}")
-    _check_exportable(op, name, x)
-    shape = tuple(int(n) for n in x.shape)
+    shape = _exportable_shape(op, name, x, dims)
     if leading and len(shape) < len(names):
         raise ValueError(f"{op}: {name}: expected an array {dims} of rank >= {len(names)}, got shape {shape}")
     if not leading and len(shape) != len(names):
         raise ValueError(f"{op}: {name}: expected a {len(names)}-d array {dims}, got shape {shape}")
     return x
+
+
+def array_of_rank(op: str, name: str, x: Any, dims: str, low: int, high: int) -> Any:
+    """`x` is an array of `low` to `high` dimensions, which `dims` describes as the docs write
+    them ('[rows..., d]'). Returns `x`."""
+    shape = _exportable_shape(op, name, x, dims)
+    if not low <= len(shape) <= high:
+        raise ValueError(f"{op}: {name}: expected an array {dims} of {low} to {high} dimensions, got shape {shape}")
+    return x
+
+
+def _exportable_shape(op: str, name: str, x: Any, dims: str) -> Tuple[int, ...]:
+    """The shape of `x`, once it is known to be an array DLPack can carry."""
+    if x is None or not (hasattr(x, "__dlpack__") and hasattr(x, "shape")):
+        raise TypeError(f"{op}: {name}: expected {_FRAMEWORKS} {dims}, got {'None' if x is None else _type_name(x)}")
+    _check_exportable(op, name, x)
+    return tuple(int(n) for n in x.shape)
 
 
 def optional_array(op: str, name: str, x: Any, dims: str) -> Any:

@@ -30,6 +30,9 @@ Ops (arguments as in the ``mlakit`` function of the same name):
   (out, lse)``; ``gqa_decode_append(..., k_new, v_new, ...)``, the same with this step's keys
   and values written into ``k_cache!``, ``v_cache!`` (and per-token scales!) first;
   ``gqa_decode_schedule(cache_seqlens, workspace!, fields)``
+- ``merge_states(o, lse, lse_base, out_lse_base) -> (out, out_lse)``: ``o`` and ``lse`` lists of
+  tensors, out of place (``out`` in o's dtype; an op's outputs cannot alias its inputs: the
+  in-place merge is ``mlakit.merge_states``'s)
 - ``quantize_fp8_cache``, ``dequantize_fp8_cache``, ``append_fp8_cache(tokens, slots,
   cache!)``; ``quantize_gqa_cache``, ``dequantize_gqa_cache``, ``gqa_cache_append(...,
   k_cache!, v_cache!, ...)``
@@ -45,7 +48,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _decode, _fp8_cache, _gqa_cache, _gqa_decode, _mha_prefill, _sparse_decode, _sparse_prefill
+from . import _decode, _fp8_cache, _gqa_cache, _gqa_decode, _merge, _mha_prefill, _sparse_decode, _sparse_prefill
 from . import _mlakit as _C
 
 __all__ = ["mla_decode_plan", "mla_sparse_decode_plan", "gqa_decode_plan"]
@@ -228,6 +231,22 @@ def _mha_prefill_op(
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel_name="auto"):
     total_q, h_q = q.shape[0], q.shape[1]
     return q.new_empty((total_q, h_q, v.shape[2])), q.new_empty((h_q, total_q), dtype=torch.float32)
+
+
+# ---- merging partial states ----------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_NS}::merge_states", mutates_args=())
+def _merge_states(o: List[Tensor], lse: List[Tensor], lse_base: str, out_lse_base: str) -> Tuple[Tensor, Tensor]:
+    """mlakit.merge_states into new ``out`` (o's dtype) and ``out_lse``; ``lse_base`` and
+    ``out_lse_base`` 'e' or '2'."""
+    return _merge.merge_states(o, lse, lse_base=lse_base, out_lse_base=out_lse_base)
+
+
+@_merge_states.register_fake
+def _(o, lse, lse_base, out_lse_base):
+    first = o[0]
+    return first.new_empty(first.shape), first.new_empty(first.shape[:-1], dtype=torch.float32)
 
 
 # ---- GQA decode ----------------------------------------------------------------------------

@@ -11,5 +11,6 @@ void bind_sparse_prefill(nanobind::module_& m);
 void bind_fp8_cache(nanobind::module_& m);
 void bind_gqa_decode(nanobind::module_& m);
 void bind_mha_prefill(nanobind::module_& m);
+void bind_merge(nanobind::module_& m);
 
 }  // namespace mlakit::python

@@ -13,4 +13,5 @@ NB_MODULE(_mlakit, m) {
   mlakit::python::bind_fp8_cache(m);
   mlakit::python::bind_gqa_decode(m);
   mlakit::python::bind_mha_prefill(m);
+  mlakit::python::bind_merge(m);
 }

@@ -15,7 +15,7 @@ import mlakit.torch_ops as ops  # noqa: E402
 from mlakit import flash_mla  # noqa: E402
 from torch.library import opcheck  # noqa: E402
 from torch_cases import capture, require_gpu  # noqa: E402
-from torch_ops_cases import gen, gqa_args, gqa_problem, mla_problem  # noqa: E402
+from torch_ops_cases import fake_args, gen, gqa_args, gqa_problem, merge_states_args, mla_problem  # noqa: E402
 
 require_gpu()
 OPS = torch.ops.mlakit
@@ -143,6 +143,7 @@ def test_opcheck_passes_for_every_op_on_the_gpu():
     opcheck(OPS.dequantize_fp8_cache.default, (cache,))
     opcheck(OPS.append_fp8_cache.default, (tokens, torch.tensor([0, 70, -1], dtype=torch.int32, device=CUDA),
                                            cache.clone()))
+    opcheck(OPS.merge_states.default, merge_states_args(15, 4, (3, 1, 16), 512, "2", "e", device=CUDA))
 
 
 def test_fake_shapes_match_real_ones_across_a_sweep():
@@ -160,10 +161,12 @@ def test_fake_shapes_match_real_ones_across_a_sweep():
     sq, cache, indices = sparse_problem(12)
     splan = ops.mla_sparse_decode_plan(2, 2, 64, 128, sq)
     cases.append((OPS.mla_sparse_decode, (sq, cache, indices, None, None, splan[0], splan[1], None)))
+    for n, rows, d in ((1, (7,), 20), (2, (33, 8), 128), (8, (4, 2, 128), 512)):
+        cases.append((OPS.merge_states, merge_states_args(12, n, rows, d, device=CUDA)))
     for op, args in cases:
         real = op(*args)
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+            fake = op(*fake_args(mode, args))
         assert [(r.shape, r.dtype, r.device) for r in real] == [(f.shape, f.dtype, f.device) for f in fake], op
 
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 import mlakit  # noqa: E402
 import mlakit.torch_ops as ops  # noqa: E402
 from torch.library import opcheck  # noqa: E402
-from torch_ops_cases import PAGE, gen, gqa_args, gqa_problem, mla_problem  # noqa: E402
+from torch_ops_cases import PAGE, fake_args, gen, gqa_args, gqa_problem, merge_states_args, mla_problem  # noqa: E402
 
 OPS = torch.ops.mlakit
 # For float8 tensors: opcheck's schema test multiplies them, which float8 cannot on the CPU.
@@ -130,10 +130,11 @@ def test_fake_implementations_give_the_real_shapes_and_dtypes():
         cases.append((OPS.gqa_decode, gqa_args(q, k, v, table, lengths, plan, causal=True)))
     k = gqa_problem(8)[1]
     cases += [(OPS.quantize_gqa_cache, (k, "int8", None)), (OPS.quantize_fp8_cache, (mla_problem(9)[1],))]
+    cases += [(OPS.merge_states, merge_states_args(9, n, rows, d)) for n, rows, d in ((1, (3,), 8), (4, (2, 1, 5), 24))]
     for op, args in cases:
         real = op(*args)
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+            fake = op(*fake_args(mode, args))
         real = real if isinstance(real, tuple) else (real,)
         fake = fake if isinstance(fake, tuple) else (fake,)
         assert [(r.shape, r.dtype) for r in real] == [(f.shape, f.dtype) for f in fake], op
@@ -194,3 +195,33 @@ def test_mha_prefill_op_is_the_package_function_and_passes_opcheck():
     assert_same(out, want_out)
     assert_same(lse, want_lse)
     opcheck(OPS.mha_prefill.default, args)
+
+
+@pytest.mark.parametrize("lse_base,out_lse_base", [("e", "e"), ("2", "e"), ("e", "2")])
+def test_merge_states_op_is_the_package_function_and_passes_opcheck(lse_base, out_lse_base):
+    o, lse, _, _ = merge_states_args(15)
+    out, out_lse = OPS.merge_states(o, lse, lse_base, out_lse_base)
+    want_out, want_lse = mlakit.merge_states(o, lse, lse_base=lse_base, out_lse_base=out_lse_base)
+    assert_same(out, want_out)
+    assert_same(out_lse, want_lse)
+    opcheck(OPS.merge_states.default, (o, lse, lse_base, out_lse_base))
+
+
+def test_a_compiled_merge_of_gathered_decode_states_has_no_graph_break():
+    """The states of W shards gathered as [W, b, s_q, h_q, d] and their LSEs in the decode's
+    [W, b, h_q, s_q] layout, merged through views (as examples/context_parallel_decode.py)."""
+    g = gen(16)
+    o = torch.randn((3, 2, 1, 4, 64), generator=g).to(torch.bfloat16)
+    lse = torch.randn((3, 2, 4, 1), generator=g) * 3
+
+    def merge(o, lse):
+        out, out_lse = torch.ops.mlakit.merge_states(list(o), list(lse.transpose(2, 3)), "e", "e")
+        return out, out_lse.transpose(1, 2)
+
+    eager = merge(o, lse)
+    explained = torch._dynamo.explain(merge)(o, lse)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(merge, fullgraph=True, backend="aot_eager")(o, lse)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)

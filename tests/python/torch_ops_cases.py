@@ -51,3 +51,24 @@ def gqa_args(q, k, v, table, lengths, plan, **kw):
     return (q, k, v, table, lengths, plan[0], plan[1], o["k_scale"], o["v_scale"], o["rope_style"], o["rope_theta"],
             o["rotary_dim"], o["alibi_slopes"], o["finished"], o["softmax_scale"], o["causal"], o["window"],
             o["softcap"])
+
+
+def merge_states_args(seed, n=3, rows=(5, 4), d=64, lse_base="e", out_lse_base="e", device="cpu"):
+    """The arguments of torch.ops.mlakit.merge_states: n bf16 states [rows..., d] (views of
+    one stacked tensor), their float32 LSEs (one state of row 0 empty: +inf), the bases."""
+    g = gen(seed)
+    o = torch.randn((n, *rows, d), generator=g).to(torch.bfloat16).to(device)
+    lse = (torch.randn((n, *rows), generator=g) * 3).to(device)
+    lse.view(n, -1)[0, 0] = float("inf")
+    return list(o), list(lse), lse_base, out_lse_base
+
+
+def fake_args(mode, args):
+    """`args` with every tensor, also in a list of tensors, a fake tensor of `mode`."""
+    def fake(a):
+        if isinstance(a, torch.Tensor):
+            return mode.from_tensor(a)
+        if isinstance(a, list) and a and all(isinstance(x, torch.Tensor) for x in a):
+            return [mode.from_tensor(x) for x in a]
+        return a
+    return [fake(a) for a in args]
