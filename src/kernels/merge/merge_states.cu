@@ -11,10 +11,11 @@ namespace mlakit::detail {
 
 template <typename In, typename Out, int kVec>
 cudaError_t launch_merge_states(const MergeLayout& layout, int sm_count, cudaStream_t stream) {
-  // The smallest power of two of lanes that covers a row's chunks, at most a warp.
+  // The smallest power of two of lanes whose kChunksPerLane chunks each cover a row, at most a
+  // warp (longer rows take several passes).
   const int64_t chunks = layout.d / kVec;
   int group_shift = 0;
-  while (group_shift < 5 && (int64_t{1} << group_shift) < chunks) ++group_shift;
+  while (group_shift < 5 && (int64_t{merge::kChunksPerLane} << group_shift) < chunks) ++group_shift;
   const int64_t rows_per_cta = (merge::kThreads / 32) * (int64_t{32} >> group_shift);
   // A grid-stride loop over one wave of resident CTAs.
   const int64_t needed = (layout.rows + rows_per_cta - 1) / rows_per_cta;

@@ -2,11 +2,13 @@
 // merged into one, memory-bound.
 //
 // Threads: a group of G lanes (a power of two <= 32, so a group never leaves its warp) per
-// row, each lane one or more chunks of kVec consecutive values; a warp holds 32 / G rows and
-// the warps stride over the rows (a grid of about one wave). Per row, every lane of the group
-// reads the N LSEs (a broadcast load) once for the maximum and the sum of the weights (online:
-// one pass) and once more for the weights as it reads the states' chunks, kStatesPerRound at
-// a time with their loads issued together. An empty state (LSE +-inf) is never read.
+// row, each lane kChunksPerLane chunks of kVec consecutive values per pass (lane l of the
+// group chunks l, l + G, l + 2G, ...: a warp's k-th loads are consecutive bytes); a warp holds
+// 32 / G rows and the warps stride over the rows (one wave of resident CTAs). Per row, every
+// lane of the group reads the N LSEs (broadcast loads, kLsesPerLoad issued together) for the
+// maximum and the sum of the weights (online: one pass), and again for the weights as it
+// reads the states' chunks: kStatesPerRound states x kChunksPerLane chunks per round, their
+// loads issued together. An empty state (LSE +-inf) is never read.
 //
 // In place: out may be one of the o tensors (each chunk is read and then written by the same
 // lane) and out_lse one of the lse tensors: its row is written by the group's first lane after
@@ -25,11 +27,18 @@
 namespace mlakit::detail::merge {
 
 inline constexpr int kThreads = 256;
-inline constexpr int kStatesPerRound = 4;  // loads in flight per lane and round
-// 4 CTAs of 256 threads per SM: up to 64 registers a thread (the 16-bit instances need 60-66
-// unbounded), and 4 x 16 bytes in flight per lane keep far more than the bytes the memory's
-// latency needs in flight (about 15 KB per SM on an H100).
-inline constexpr int kMinCtasPerSm = 4;
+// A lane's loads of one round: kStatesPerRound states x kChunksPerLane chunks of its row,
+// issued together (8 x 16 bytes in flight per lane). One chunk and four states per round
+// held 4 x 16 bytes in flight and the LSE loads between rounds left a 2-state merge of
+// 16384 x 32 rows of d 128 at 0.45 of the copy bandwidth (H200); this shape 0.88-0.90 (H100).
+inline constexpr int kStatesPerRound = 2;
+inline constexpr int kChunksPerLane = 4;
+inline constexpr int kLsesPerLoad = 8;  // a row's LSEs loaded together before the maximum and sum
+// 2 CTAs of 256 threads per SM: up to 128 registers a thread (the 16-bit instances with
+// 16-byte chunks need 118-128: 32 accumulators and 8 loads of 4 registers; at 3 CTAs' 80
+// they spill). 512 lanes x 128 bytes in flight is 64 KB per SM, over twice what the
+// memory's latency needs (about 26 KB per SM at the H200's 4.3 TB/s and ~0.8 us).
+inline constexpr int kMinCtasPerSm = 2;
 
 // `bytes` of consecutive memory as one load or store.
 template <int kBytes>
@@ -118,18 +127,24 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) merge_states_kernel(c
     const int64_t lse_at = row_offset(p.lse_stride, i0, i1, i2);
     auto lse_of = [&](int s) { return active && s < n ? p.lse[s][lse_at] : -INFINITY; };
 
-    // Online maximum and sum of the weights exp2((lse - max) * c), in the inputs' base.
+    // Online maximum and sum of the weights exp2((lse - max) * c), in the inputs' base; the
+    // LSEs loaded kLsesPerLoad at a time first, so their latencies overlap.
     float max_lse = -INFINITY, sum = 0.f;
     bool has_nan = false;
-    for (int s = 0; s < n; ++s) {
-      const float v = lse_of(s);
-      has_nan |= isnan(v);
-      if (!isfinite(v)) continue;
-      if (v > max_lse) {
-        sum = sum * exp2f((max_lse - v) * c) + 1.f;  // the first: 0 * exp2(-inf) + 1
-        max_lse = v;
-      } else {
-        sum += exp2f((v - max_lse) * c);
+    for (int s0 = 0; s0 < n; s0 += kLsesPerLoad) {
+      float v[kLsesPerLoad];
+#pragma unroll
+      for (int u = 0; u < kLsesPerLoad; ++u) v[u] = lse_of(s0 + u);  // -inf past the last state
+#pragma unroll
+      for (int u = 0; u < kLsesPerLoad; ++u) {
+        has_nan |= isnan(v[u]);
+        if (!isfinite(v[u])) continue;
+        if (v[u] > max_lse) {
+          sum = sum * exp2f((max_lse - v[u]) * c) + 1.f;  // the first: 0 * exp2(-inf) + 1
+          max_lse = v[u];
+        } else {
+          sum += exp2f((v[u] - max_lse) * c);
+        }
       }
     }
     const bool empty = max_lse == -INFINITY;
@@ -137,28 +152,46 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) merge_states_kernel(c
 
     const int64_t o_at = row_offset(p.o_stride, i0, i1, i2);
     Out* out = static_cast<Out*>(p.out) + row_offset(p.out_stride, i0, i1, i2);
-    for (int64_t chunk = group_lane; active && chunk < chunks; chunk += group_lanes) {
-      float acc[kVec] = {};
+    // A lane's chunks of a pass: group_lane + k * group_lanes, k < kChunksPerLane (a warp's
+    // k-th loads are consecutive bytes); more passes only where a row has more chunks.
+    for (int64_t base = 0; active && base < chunks; base += kChunksPerLane * group_lanes) {
+      float acc[kChunksPerLane][kVec] = {};
+      bool in_row[kChunksPerLane];
+#pragma unroll
+      for (int k = 0; k < kChunksPerLane; ++k) in_row[k] = base + group_lane + k * group_lanes < chunks;
       if (!has_nan && !empty) {
         for (int s0 = 0; s0 < n; s0 += kStatesPerRound) {
           float w[kStatesPerRound];
-          typename Stored::Raw x[kStatesPerRound];
+          typename Stored::Raw x[kStatesPerRound][kChunksPerLane];
 #pragma unroll
           for (int u = 0; u < kStatesPerRound; ++u) {
             const float v = lse_of(s0 + u);
             const bool used = isfinite(v);
             w[u] = used ? exp2f((v - max_lse) * c) * inv_sum : 0.f;
-            x[u] = used ? Stored::load(static_cast<const In*>(p.o[s0 + u]) + o_at + chunk * kVec)
-                        : typename Stored::Raw{};  // zeros: an empty state adds 0 * 0
+            const In* src = used ? static_cast<const In*>(p.o[s0 + u]) + o_at + (base + group_lane) * kVec : nullptr;
+#pragma unroll
+            for (int k = 0; k < kChunksPerLane; ++k) {
+              // zeros where nothing is read: an empty state or a chunk past the row adds 0 * 0
+              x[u][k] = used && in_row[k] ? Stored::load(src + k * group_lanes * kVec) : typename Stored::Raw{};
+            }
           }
 #pragma unroll
-          for (int u = 0; u < kStatesPerRound; ++u) Stored::add(acc, w[u], x[u]);
+          for (int u = 0; u < kStatesPerRound; ++u) {
+#pragma unroll
+            for (int k = 0; k < kChunksPerLane; ++k) Stored::add(acc[k], w[u], x[u][k]);
+          }
         }
       } else if (has_nan) {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[i] = NAN;
+        for (int k = 0; k < kChunksPerLane; ++k) {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) acc[k][i] = NAN;
+        }
       }
-      store_chunk<Out, kVec>(out + chunk * kVec, acc);
+#pragma unroll
+      for (int k = 0; k < kChunksPerLane; ++k) {
+        if (in_row[k]) store_chunk<Out, kVec>(out + (base + group_lane + k * group_lanes) * kVec, acc[k]);
+      }
     }
     if (p.out_lse != nullptr) {
       __syncwarp();  // the group's LSE reads are done: out_lse may be one of the lse tensors
