@@ -30,12 +30,13 @@ Status merge_states(const MergeStatesArgs& args) {
   constexpr const char* kOp = "reference::merge_states";
   MergeLayout l;
   MLAKIT_RETURN_IF_ERROR(detail::validate_merge_states(kOp, args, &l));
+  if (l.rows == 0) return Status::ok();  // nothing to write
   const DType in_dtype = args.o[0].dtype, out_dtype = args.out.dtype;
   // The weights are exp((lse_i - max) * to_natural) in the inputs' base; the merged LSE is
   // formed in that base and then converted, as the GPU does (a lone state keeps its LSE).
-  const double to_natural = args.lse_base == LseBase::kTwo ? detail::kLn2 : 1.0;
+  const double to_natural = args.lse_base == LseBase::kBase2 ? detail::kLn2 : 1.0;
   const double to_out_base = args.lse_base == args.out_lse_base   ? 1.0
-                             : args.out_lse_base == LseBase::kTwo ? detail::kLog2e
+                             : args.out_lse_base == LseBase::kBase2 ? detail::kLog2e
                                                                   : detail::kLn2;
   const int n = l.num_states;
   std::vector<double> weight(n);

@@ -21,7 +21,7 @@ std::string describe(const MergeSpec& s) {
   out << "n=" << s.num_states << " rows=[";
   for (std::size_t i = 0; i < s.row_shape.size(); ++i) out << (i ? "," : "") << s.row_shape[i];
   out << "] d=" << s.d << " pad=" << s.row_pad << " " << dtype_name(s.in_dtype) << "->" << dtype_name(s.out_dtype)
-      << " base " << (s.lse_base == LseBase::kTwo ? 2 : 0) << "->" << (s.out_lse_base == LseBase::kTwo ? 2 : 0)
+      << " base " << (s.lse_base == LseBase::kBase2 ? 2 : 0) << "->" << (s.out_lse_base == LseBase::kBase2 ? 2 : 0)
       << (s.transposed_lse ? " transposed-lse" : "") << " empty=" << s.empty_fraction << " offset=" << s.o_offset
       << " seed=" << s.seed;
   return out.str();

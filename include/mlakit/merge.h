@@ -18,15 +18,12 @@
 
 #include <cstdint>
 
+#include "mlakit/lse_base.h"
 #include "mlakit/status.h"
 #include "mlakit/stream.h"
 #include "mlakit/tensor.h"
 
 namespace mlakit {
-
-// The base of a log-sum-exp: natural (mlakit's and FlashAttention's convention) or base 2
-// (FlashMLA's 2025 sparse kernels, FlashInfer's merge).
-enum class LseBase { kNatural, kTwo };
 
 // States one call merges: a list of more states can be merged in groups (see above).
 inline constexpr int kMaxMergeStates = 128;
@@ -54,7 +51,8 @@ struct MergeStatesArgs {
 
 // Validates every argument (errors name it: "merge_states: o[2].shape[1]: expected 16, got
 // 8"), then merges on `stream`: asynchronous, allocates nothing, graph-capturable; the device
-// pointers on the current device. Rows of 0 elements: nothing is launched.
+// pointers on the current device, each aligned to its element size. No rows, or d = 0 without
+// out_lse: nothing to write, Ok (d = 0 with out_lse: the merged LSEs alone).
 Status merge_states(const MergeStatesArgs& args, cudaStream_t stream);
 
 namespace reference {

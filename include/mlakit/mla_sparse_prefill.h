@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "mlakit/lse_base.h"
 #include "mlakit/mla_decode.h"
 #include "mlakit/status.h"
 #include "mlakit/stream.h"
@@ -20,10 +21,8 @@
 
 namespace mlakit {
 
-enum class LseBase : int32_t {
-  kBase2 = 0,    // lse = log2(sum 2^P), max_logits = max P with P = q.k * sm_scale * log2(e)
-  kNatural = 1,  // the same quantities multiplied by ln(2): natural-log LSE and max logit
-};
+// lse_base below: kBase2 gives lse = log2(sum 2^P) and max_logits = max P with
+// P = q.k * sm_scale * log2(e); kNatural the same quantities multiplied by ln(2).
 
 struct MlaSparsePrefillArgs {
   TensorRef q;            // [s_q, h_q, d_qk]   bf16, d_qk 576 or 512

@@ -16,7 +16,7 @@ namespace {
 
 LseBase base_from(const std::string& name, const char* argument) {
   if (name == "e") return LseBase::kNatural;
-  if (name == "2") return LseBase::kTwo;
+  if (name == "2") return LseBase::kBase2;
   throw nb::value_error(
       ("merge_states: " + std::string(argument) + ": expected 'e' or '2', got '" + name + "'").c_str());
 }

@@ -187,11 +187,12 @@ Status check_output_dtype(const char* op, const char* name, const TensorRef& t, 
 }
 
 Status check_extent_fits(const char* op, const char* name, const TensorRef& t) {
-  // Largest element offset = sum (shape-1)*stride; compute with overflow checks.
+  // Largest element offset = sum (shape-1)*stride; compute with overflow checks. A tensor
+  // without elements spans nothing, whatever its other sizes (and wherever its 0 stands).
+  if (has_no_elements(t)) return Status::ok();
   const int64_t limit = std::numeric_limits<int64_t>::max() / 16;
   int64_t extent = 0;
   for (int i = 0; i < t.rank; ++i) {
-    if (t.shape[i] == 0) return Status::ok();
     int64_t n = t.shape[i] - 1;
     if (n > 0 && t.stride[i] > (limit - extent) / n) {
       return invalid(op, std::string(name) + ": shape " + shape_string(t) +

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "host/check.h"
 #include "host/device.h"
 #include "host/merge_validate.h"
 #if MLAKIT_WITH_CUDA
@@ -10,12 +11,29 @@
 #endif
 
 namespace mlakit {
+namespace {
+
+constexpr const char* kOp = "merge_states";
+
+// The pointer is aligned to the tensor's element size (strides are in elements, so every
+// element then is).
+Status check_element_alignment(const char* name, const TensorRef& t) {
+  return detail::check_row_alignment(kOp, name, t, static_cast<int>(dtype_size(t.dtype)));
+}
+
+}  // namespace
 
 Status merge_states(const MergeStatesArgs& args, cudaStream_t stream) {
-  constexpr const char* kOp = "merge_states";
   detail::MergeLayout layout;
   MLAKIT_RETURN_IF_ERROR(detail::validate_merge_states(kOp, args, &layout));
-  if (layout.rows == 0 || layout.d == 0) return Status::ok();  // nothing to read or write
+  // The kernel loads whole elements (the reference also takes unaligned host arrays).
+  for (int i = 0; i < args.num_states; ++i) {
+    MLAKIT_RETURN_IF_ERROR(check_element_alignment(("o[" + std::to_string(i) + "]").c_str(), args.o[i]));
+    MLAKIT_RETURN_IF_ERROR(check_element_alignment(("lse[" + std::to_string(i) + "]").c_str(), args.lse[i]));
+  }
+  MLAKIT_RETURN_IF_ERROR(check_element_alignment("out", args.out));
+  if (!args.out_lse.empty()) MLAKIT_RETURN_IF_ERROR(check_element_alignment("out_lse", args.out_lse));
+  if (layout.rows == 0) return Status::ok();  // nothing to write: no device needed
   detail::DeviceInfo dev;
   MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
   for (int i = 0; i < args.num_states; ++i) {

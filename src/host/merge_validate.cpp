@@ -72,11 +72,11 @@ bool same_view(const TensorRef& a, const TensorRef& b) {
   return true;
 }
 
-float base_factor_to_log2(LseBase base) { return base == LseBase::kTwo ? 1.f : static_cast<float>(kLog2e); }
+float base_factor_to_log2(LseBase base) { return base == LseBase::kBase2 ? 1.f : static_cast<float>(kLog2e); }
 
 Status check_base(const char* op, const char* name, LseBase base) {
-  if (base == LseBase::kNatural || base == LseBase::kTwo) return Status::ok();
-  return invalid(op, std::string(name) + ": expected LseBase::kNatural or LseBase::kTwo, got the value " +
+  if (base == LseBase::kNatural || base == LseBase::kBase2) return Status::ok();
+  return invalid(op, std::string(name) + ": expected LseBase::kNatural or LseBase::kBase2, got the value " +
                          std::to_string(static_cast<int>(base)));
 }
 
@@ -164,18 +164,19 @@ Status validate_merge_states(const char* op, const MergeStatesArgs& a, MergeLayo
   l.num_states = a.num_states;
   l.d = o0.shape[row_dims];
   const int pad = kMergeRowDims - row_dims;
-  l.rows = 1;
-  for (int i = 0; i < kMergeRowDims; ++i) {
-    l.row_shape[i] = i < pad ? 1 : o0.shape[i - pad];
-    l.rows *= l.row_shape[i];  // bounded: o[0]'s extent fits in int64 (check_tensor_wellformed)
-  }
+  for (int i = 0; i < kMergeRowDims; ++i) l.row_shape[i] = i < pad ? 1 : o0.shape[i - pad];
+  // Nothing to write (no element of out, no out_lse or none of its elements): rows 0, the
+  // call's valid empty result. Otherwise out or out_lse has an address per row (checked
+  // above: no broadcast, extent within 2^59 elements), so the product of the row sizes fits.
+  const bool nothing_to_write = has_no_elements(a.out) && (a.out_lse.empty() || has_no_elements(a.out_lse));
+  l.rows = nothing_to_write ? 0 : l.row_shape[0] * l.row_shape[1] * l.row_shape[2];
   pad_strides(o0, row_dims, l.o_stride);
   pad_strides(lse0, row_dims, l.lse_stride);
   pad_strides(a.out, row_dims, l.out_stride);
   if (!a.out_lse.empty()) pad_strides(a.out_lse, row_dims, l.out_lse_stride);
   l.lse_to_log2 = base_factor_to_log2(a.lse_base);
   l.lse_to_out_base = a.lse_base == a.out_lse_base ? 1.f
-                      : a.out_lse_base == LseBase::kTwo ? static_cast<float>(kLog2e)
+                      : a.out_lse_base == LseBase::kBase2 ? static_cast<float>(kLog2e)
                                                         : static_cast<float>(kLn2);
   l.out = a.out.data;
   l.out_lse = static_cast<float*>(a.out_lse.data);

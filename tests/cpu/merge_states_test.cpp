@@ -54,7 +54,7 @@ struct RowExpectation {
 RowExpectation chained_merge(const HostMergeCase& c, int64_t r) {
   const int64_t d = c.spec.d;
   RowExpectation acc{std::vector<double>(d, 0.0), -std::numeric_limits<double>::infinity()};
-  const double to_natural = c.spec.lse_base == LseBase::kTwo ? detail::kLn2 : 1.0;
+  const double to_natural = c.spec.lse_base == LseBase::kBase2 ? detail::kLn2 : 1.0;
   for (int s = 0; s < c.spec.num_states; ++s) {
     const TensorRef o = c.o_view(c.o.data(), s), lse = c.lse_view(c.lse.data(), s);
     // Row r of the views: index tuple from the row shape.
@@ -76,7 +76,7 @@ RowExpectation chained_merge(const HostMergeCase& c, int64_t r) {
     EXPECT_TRUE(reference::merge_states(acc.o.data(), acc.lse, state.data(), l, d, acc.o.data(), &merged_lse));
     acc.lse = merged_lse;
   }
-  if (c.spec.out_lse_base == LseBase::kTwo && std::isfinite(acc.lse)) acc.lse *= detail::kLog2e;
+  if (c.spec.out_lse_base == LseBase::kBase2 && std::isfinite(acc.lse)) acc.lse *= detail::kLog2e;
   return acc;
 }
 
@@ -105,9 +105,9 @@ TEST(MergeStatesReference, MatchesTheTwoStateMergeChainedOverTheStates) {
       {.num_states = 3, .row_shape = {2, 3, 4}, .d = 8, .in_dtype = DType::kFP16, .empty_fraction = 0.5},
       {.num_states = 8, .row_shape = {4, 6}, .d = 32, .row_pad = 5, .transposed_lse = true},
       {.num_states = 5, .row_shape = {3, 5, 2}, .d = 12, .transposed_lse = true, .seed = 3},
-      {.num_states = 4, .row_shape = {9}, .d = 24, .lse_base = LseBase::kTwo},
-      {.num_states = 4, .row_shape = {9}, .d = 24, .lse_base = LseBase::kTwo, .out_lse_base = LseBase::kTwo},
-      {.num_states = 4, .row_shape = {9}, .d = 24, .out_lse_base = LseBase::kTwo},
+      {.num_states = 4, .row_shape = {9}, .d = 24, .lse_base = LseBase::kBase2},
+      {.num_states = 4, .row_shape = {9}, .d = 24, .lse_base = LseBase::kBase2, .out_lse_base = LseBase::kBase2},
+      {.num_states = 4, .row_shape = {9}, .d = 24, .out_lse_base = LseBase::kBase2},
       {.num_states = 128, .row_shape = {3}, .d = 4, .empty_fraction = 0.9},
   };
   for (const MergeSpec& spec : specs) expect_matches_chained_merge(spec);
@@ -146,7 +146,7 @@ TEST(MergeStatesReference, ANanLseMakesItsRowNan) {
 }
 
 TEST(MergeStatesReference, ALoneStateIsReturnedExactlyInItsBase) {
-  for (LseBase base : {LseBase::kNatural, LseBase::kTwo}) {
+  for (LseBase base : {LseBase::kNatural, LseBase::kBase2}) {
     HostMergeCase c(MergeSpec{.num_states = 1, .row_shape = {6}, .d = 8, .in_dtype = DType::kFP32,
                               .lse_base = base, .out_lse_base = base, .empty_fraction = 0});
     const Outputs got = run_reference(c);
@@ -188,16 +188,33 @@ TEST(MergeStatesReference, InPlaceGivesTheOutOfPlaceResult) {
   }
 }
 
-TEST(MergeStatesReference, RowsOrDOfZeroWriteNothing) {
-  for (const MergeSpec& spec : {MergeSpec{.row_shape = {0, 4}, .d = 8}, MergeSpec{.row_shape = {3}, .d = 0}}) {
-    HostMergeCase c(spec);
-    std::vector<uint16_t> out(1, 0xABCD);
-    std::vector<float> lse(4, -3.f);
-    MergeCall call(c, c.o.data(), c.lse.data(), out.data(), lse.data());
-    ASSERT_TRUE(reference::merge_states(call.args)) << describe(spec);
-    EXPECT_EQ(out[0], 0xABCD);
-    if (c.rows == 0) EXPECT_EQ(lse[0], -3.f);
+TEST(MergeStatesReference, NoRowsWriteNothingAndDOfZeroWritesTheLsesAlone) {
+  HostMergeCase none(MergeSpec{.row_shape = {0, 4}, .d = 8});
+  std::vector<uint16_t> out(1, 0xABCD);
+  std::vector<float> lse(4, -3.f);
+  MergeCall no_rows(none, none.o.data(), none.lse.data(), out.data(), lse.data());
+  ASSERT_TRUE(reference::merge_states(no_rows.args));
+  EXPECT_EQ(out[0], 0xABCD);
+  EXPECT_EQ(lse[0], -3.f);
+
+  // d = 0: the merged LSEs (what the GPU computes too); without out_lse nothing at all, even
+  // over more rows than memory could hold (zero strides: every row reads one LSE).
+  HostMergeCase narrow(MergeSpec{.num_states = 3, .row_shape = {4}, .d = 0, .in_dtype = DType::kFP32,
+                                 .empty_fraction = 0});
+  MergeCall d_zero(narrow, narrow.o.data(), narrow.lse.data(), out.data(), lse.data());
+  ASSERT_TRUE(reference::merge_states(d_zero.args));
+  EXPECT_EQ(out[0], 0xABCD);
+  for (int64_t r = 0; r < 4; ++r) {
+    double sum = 0;  // log-sum-exp written out (the two-state form takes d >= 1)
+    for (int s = 0; s < 3; ++s) sum += std::exp(static_cast<double>(narrow.lse[s * 4 + r]));
+    EXPECT_NEAR(lse[r], std::log(sum), 1e-5 * std::fmax(1.0, std::fabs(std::log(sum)))) << r;
   }
+  for (TensorRef& t : d_zero.o_views) t = make_tensor(t.data, DType::kFP32, {int64_t{1} << 62, 0}, {0, 1});
+  for (TensorRef& t : d_zero.lse_views) t = make_tensor(t.data, DType::kFP32, {int64_t{1} << 62}, {0});
+  d_zero.args.out = make_tensor(out.data(), DType::kFP32, {int64_t{1} << 62, 0});
+  d_zero.args.out_lse = TensorRef{};
+  EXPECT_TRUE(reference::merge_states(d_zero.args));  // at once: nothing to write
+  EXPECT_TRUE(merge_states(d_zero.args, nullptr));     // the GPU entry likewise, GPU or not
 }
 
 // ---- validation ----------------------------------------------------------------------------
@@ -286,6 +303,18 @@ TEST(MergeStatesValidation, AnOutputMayBeExactlyOneOfTheInputs) {
   v.call.args.out = v.call.o_views[2];
   v.call.args.out_lse = v.call.lse_views[0];
   EXPECT_TRUE(v.run());
+}
+
+TEST(MergeStatesValidation, TheGpuEntryRejectsPointersOffTheirElementSize) {
+  Validation v;
+  v.call.o_views[1].data = static_cast<char*>(v.call.o_views[1].data) + 2;
+  v.call.o_views[1].shape[0] = 3;  // stays inside the buffer
+  for (TensorRef& t : v.call.o_views) t.shape[0] = 3;
+  for (TensorRef& t : v.call.lse_views) t.shape[0] = 3;
+  v.call.args.out.shape[0] = 3;
+  v.call.args.out_lse.shape[0] = 3;
+  ASSERT_TRUE(v.run());  // the reference reads unaligned host arrays
+  EXPECT_TRUE(IsInvalid(merge_states(v.call.args, nullptr), {"merge_states: o[1]", "4-byte aligned"}));
 }
 
 TEST(MergeStatesValidation, TheGpuEntryValidatesBeforeLookingForADevice) {

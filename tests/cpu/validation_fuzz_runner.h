@@ -130,5 +130,6 @@ struct OpDriver {
 std::vector<OpDriver> decode_drivers();  // dense and sparse decode (validation_fuzz_decode.cpp)
 std::vector<OpDriver> other_drivers();   // prefill, FP8 cache tools, make_tensor, merge_states
 std::vector<OpDriver> attention_drivers();  // MHA prefill, GQA decode and cache tools (validation_fuzz_attention.cpp)
+std::vector<OpDriver> merge_drivers();  // merge_states over N states: GPU entry and reference (validation_fuzz_merge.cpp)
 
 }  // namespace mlakit::fuzz

@@ -59,6 +59,7 @@ TEST(ValidationFuzz, EveryEntryPointReturnsAStatusAndAcceptsOnlyWhatTheContractA
   std::vector<OpDriver> ops = decode_drivers();
   for (const OpDriver& d : other_drivers()) ops.push_back(d);
   for (const OpDriver& d : attention_drivers()) ops.push_back(d);
+  for (const OpDriver& d : merge_drivers()) ops.push_back(d);
   install_crash_reporter();
   Recorder rec(seed, known_issues_in_force());
   const int64_t first = only >= 0 ? only : 0, last = only >= 0 ? only + 1 : cases;

@@ -128,10 +128,10 @@ TEST(MergeStatesGpu, MatchesTheReferenceOverDtypesShapesAndLayouts) {
   specs.push_back({.num_states = 1, .row_shape = {100}, .d = 256, .seed = seed++});
   specs.push_back({.num_states = 5, .row_shape = {77}, .d = 8, .in_dtype = DType::kFP16, .seed = seed++});
   // Bases.
-  specs.push_back({.num_states = 4, .row_shape = {50, 4}, .d = 128, .lse_base = LseBase::kTwo, .seed = seed++});
-  specs.push_back({.num_states = 4, .row_shape = {50, 4}, .d = 128, .lse_base = LseBase::kTwo,
-                   .out_lse_base = LseBase::kTwo, .seed = seed++});
-  specs.push_back({.num_states = 4, .row_shape = {50, 4}, .d = 128, .out_lse_base = LseBase::kTwo, .seed = seed++});
+  specs.push_back({.num_states = 4, .row_shape = {50, 4}, .d = 128, .lse_base = LseBase::kBase2, .seed = seed++});
+  specs.push_back({.num_states = 4, .row_shape = {50, 4}, .d = 128, .lse_base = LseBase::kBase2,
+                   .out_lse_base = LseBase::kBase2, .seed = seed++});
+  specs.push_back({.num_states = 4, .row_shape = {50, 4}, .d = 128, .out_lse_base = LseBase::kBase2, .seed = seed++});
   // The one-value path: d not a multiple of a chunk, rows off 16 bytes, a misaligned start.
   specs.push_back({.num_states = 3, .row_shape = {20, 3}, .d = 7, .seed = seed++});
   specs.push_back({.num_states = 3, .row_shape = {20, 3}, .d = 128, .row_pad = 3, .seed = seed++});
