@@ -138,6 +138,8 @@ TEST(MergeStatesGpu, MatchesTheReferenceOverDtypesShapesAndLayouts) {
   specs.push_back({.num_states = 2, .row_shape = {31}, .d = 64, .in_dtype = DType::kFP32, .o_offset = 1, .seed = seed++});
   specs.push_back({.num_states = 6, .row_shape = {9, 4}, .d = 96, .row_pad = 8, .transposed_lse = true,
                    .seed = seed++});
+  // d 0: the merged LSEs alone.
+  specs.push_back({.num_states = 3, .row_shape = {50, 3}, .d = 0, .seed = seed++});
   // Every state empty in most rows; a large merge (grid-stride loop over several waves).
   specs.push_back({.num_states = 3, .row_shape = {64}, .d = 128, .empty_fraction = 0.95, .seed = seed++});
   specs.push_back({.num_states = 2, .row_shape = {4096, 32}, .d = 128, .seed = seed++});
