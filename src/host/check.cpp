@@ -125,14 +125,19 @@ Status check_last_dim_contiguous(const char* op, const char* name, const TensorR
 }
 
 Status check_row_alignment(const char* op, const char* name, const TensorRef& t, int bytes) {
-  if (has_no_elements(t)) return Status::ok();  // no row is copied
+  // An absent optional tensor or one without elements: no row is copied. (An absent
+  // TensorRef's dtype is not validated: a caller may leave any value there.)
+  if (t.empty() || has_no_elements(t)) return Status::ok();
   auto address = reinterpret_cast<std::uintptr_t>(t.data);
   if (address % bytes != 0) {
     return invalid(op, std::string(name) + ": expected a " + std::to_string(bytes) +
                            "-byte aligned pointer, got an address = " +
                            std::to_string(address % bytes) + " mod " + std::to_string(bytes));
   }
-  int64_t elems = bytes / static_cast<int64_t>(dtype_size(t.dtype));
+  // Elements per `bytes`; at least 1 (a dtype wider than `bytes`, or one no check has named,
+  // whose size is 0: never a division by zero).
+  const auto size = static_cast<int64_t>(dtype_size(t.dtype));
+  const int64_t elems = size > 0 && size <= bytes ? bytes / size : 1;
   for (int i = 0; i + 1 < t.rank; ++i) {
     if (t.shape[i] > 1 && t.stride[i] % elems != 0) {
       return invalid(op, std::string(name) + ".stride[" + std::to_string(i) +
