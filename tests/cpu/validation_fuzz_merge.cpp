@@ -1232,7 +1232,9 @@ void run_reference(Rng& rng, Recorder& rec, int64_t index) {
   }
   if (!verdict.v.empty()) return;  // reported; the blocks may not hold what the tensors claim
   check_writes(rec, c, a, mem);
-  check_results(rec, c, a, mem);
+  // With nothing to write, check_writes has shown that nothing was written; the row shape may
+  // then be edge-sized (a 0 after a 2^62), which a walk over the rows would never finish.
+  if (!verdict.nothing_to_write) check_results(rec, c, a, mem);
 }
 
 }  // namespace
