@@ -89,16 +89,7 @@ TensorRef HostMergeCase::o_view(const void* base, int s) const {
 }
 
 TensorRef HostMergeCase::lse_view(const void* base, int s) const {
-  TensorRef t;
-  t.data = static_cast<float*>(const_cast<void*>(base)) + s * lse_state_stride;
-  t.dtype = DType::kFP32;
-  t.rank = static_cast<int>(spec.row_shape.size());
-  int64_t stride = 1;
-  for (int i = t.rank - 1; i >= 0; --i) {
-    t.shape[i] = spec.row_shape[i];
-    t.stride[i] = stride;
-    stride *= spec.row_shape[i];
-  }
+  TensorRef t = out_lse_view(static_cast<float*>(const_cast<void*>(base)) + s * lse_state_stride);
   if (spec.transposed_lse && t.rank >= 2) {
     const int64_t rest = rows / (spec.row_shape[0] * spec.row_shape[1]);
     t.stride[1] = rest * spec.row_shape[0];

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 import mlakit  # noqa: E402
 from accuracy import check_out, check_stat  # noqa: E402
+from torch_cases import require_gpu  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 import context_parallel_decode as cp  # noqa: E402
@@ -35,19 +36,10 @@ def check_against_the_whole_cache(problem, world_size):
     assert torch.equal(out[0], torch.zeros_like(out[0])) and bool((lse[0] == float("inf")).all())  # length 0
 
 
-def gpu_or_skip():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    try:
-        mlakit._mlakit.mla_decode_workspace_size(1, 1, 16, 1)
-    except RuntimeError as e:
-        pytest.skip(f"mlakit cannot use the GPU: {e}")
-
-
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 @pytest.mark.parametrize("kind", ["mla", "gqa"])
 def test_shards_merged_on_one_gpu_equal_the_whole_cache(kind, world_size):
-    gpu_or_skip()
+    require_gpu()
     problem = cp.make_problem(kind, seed=world_size, b=6, max_len=4096, device="cuda")
     check_against_the_whole_cache(problem, world_size)
 

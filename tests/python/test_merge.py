@@ -316,12 +316,9 @@ def test_argument_errors_name_the_argument(change, error, message):
 def torch():
     """PyTorch with a CUDA device and an mlakit built with CUDA, or the test is skipped."""
     torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    try:
-        mlakit._mlakit.mla_decode_workspace_size(1, 1, 16, 1)
-    except RuntimeError as e:
-        pytest.skip(f"mlakit cannot use the GPU: {e}")
+    from torch_cases import require_gpu
+
+    require_gpu()
     return torch
 
 
