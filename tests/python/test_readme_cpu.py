@@ -1,5 +1,6 @@
 """The README's Python snippet, run as written on NumPy host arrays (the README says host
-arrays run the CPU reference): plan, dense decode with the plan, FP8 cache, sparse decode."""
+arrays run the CPU reference): plan, dense decode with the plan, FP8 cache, sparse decode,
+merge of partial states."""
 
 import math
 
@@ -51,3 +52,14 @@ def test_the_readme_python_snippet_runs_on_numpy_arrays():
     )
     check_out(as_float(out), ref_out)
     check_stat(lse, ref_lse)
+
+    # Two partial states of the same rows: the sparse decode's result twice, its LSE viewed as
+    # [b, s_q, h_q] like the out's rows; merged, the same output and an LSE larger by log 2.
+    outs = np.stack([as_float(out).astype(np.float32)] * 2)
+    lses = np.stack([lse.transpose(0, 2, 1)] * 2)
+    merged_out, merged_lse = out, lse
+    # --- as in README.md ---
+    out, lse = mlakit.merge_states(outs, lses)                              # lse_base="e" or "2"
+    # ---
+    check_out(out, as_float(merged_out))
+    check_stat(lse, merged_lse.transpose(0, 2, 1) + math.log(2))
