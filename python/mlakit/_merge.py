@@ -93,4 +93,7 @@ def _states(op: str, name: str, states: Any, dims: str, low: int) -> List[Any]:
         items = [states[i] for i in range(int(states.shape[0]))]
     if not items:
         raise ValueError(f"{op}: {name}: expected at least one state, got none")
+    if len(items) > _C.MAX_MERGE_STATES:
+        raise ValueError(f"{op}: {name}: expected at most {_C.MAX_MERGE_STATES} states per call (merging in groups "
+                         f"gives the same result), got {len(items)}")
     return items

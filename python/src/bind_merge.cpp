@@ -66,6 +66,7 @@ class MergeCall {
 }  // namespace
 
 void bind_merge(nb::module_& m) {
+  m.attr("MAX_MERGE_STATES") = kMaxMergeStates;  // states one call merges
   m.def(
       "merge_states_reference",
       [](const std::vector<Array>& o, const std::vector<Array>& lse, MutArray out, std::optional<MutArray> out_lse,
