@@ -32,7 +32,9 @@ Ops (arguments as in the ``mlakit`` function of the same name):
   ``gqa_decode_schedule(cache_seqlens, workspace!, fields)``
 - ``merge_states(o, lse, lse_base, out_lse_base) -> (out, out_lse)``: ``o`` and ``lse`` lists of
   tensors, out of place (``out`` in o's dtype; an op's outputs cannot alias its inputs: the
-  in-place merge is ``mlakit.merge_states``'s)
+  in-place merge is ``mlakit.merge_states``'s); ``merge_states_out(o, lse, out!, out_lse!,
+  lse_base, out_lse_base)`` into the caller's buffers (an engine's preallocated, graph-captured
+  ones; disjoint from the inputs)
 - ``quantize_fp8_cache``, ``dequantize_fp8_cache``, ``append_fp8_cache(tokens, slots,
   cache!)``; ``quantize_gqa_cache``, ``dequantize_gqa_cache``, ``gqa_cache_append(...,
   k_cache!, v_cache!, ...)``
@@ -247,6 +249,19 @@ def _merge_states(o: List[Tensor], lse: List[Tensor], lse_base: str, out_lse_bas
 def _(o, lse, lse_base, out_lse_base):
     first = o[0]
     return first.new_empty(first.shape), first.new_empty(first.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_NS}::merge_states_out", mutates_args=("out", "out_lse"))
+def _merge_states_out(
+    o: List[Tensor], lse: List[Tensor], out: Tensor, out_lse: Tensor, lse_base: str, out_lse_base: str
+) -> None:
+    """mlakit.merge_states into the given ``out`` (any of its dtypes) and ``out_lse``."""
+    _merge.merge_states(o, lse, out, out_lse, lse_base=lse_base, out_lse_base=out_lse_base)
+
+
+@_merge_states_out.register_fake
+def _(o, lse, out, out_lse, lse_base, out_lse_base):
+    return None
 
 
 # ---- GQA decode ----------------------------------------------------------------------------

@@ -144,6 +144,9 @@ def test_opcheck_passes_for_every_op_on_the_gpu():
     opcheck(OPS.append_fp8_cache.default, (tokens, torch.tensor([0, 70, -1], dtype=torch.int32, device=CUDA),
                                            cache.clone()))
     opcheck(OPS.merge_states.default, merge_states_args(15, 4, (3, 1, 16), 512, "2", "e", device=CUDA))
+    o, lse, lse_base, out_lse_base = merge_states_args(16, 2, (8, 4), 128, device=CUDA)
+    out, out_lse = torch.empty_like(o[0]), torch.empty_like(lse[0])
+    opcheck(OPS.merge_states_out.default, (o, lse, out, out_lse, lse_base, out_lse_base))
 
 
 def test_fake_shapes_match_real_ones_across_a_sweep():

@@ -207,6 +207,17 @@ def test_merge_states_op_is_the_package_function_and_passes_opcheck(lse_base, ou
     opcheck(OPS.merge_states.default, (o, lse, lse_base, out_lse_base))
 
 
+def test_merge_states_out_writes_the_callers_buffers_and_passes_opcheck():
+    o, lse, lse_base, out_lse_base = merge_states_args(17, 4, (3, 2), 32)
+    want_out, want_lse = OPS.merge_states(o, lse, lse_base, out_lse_base)
+    out = torch.full(want_out.shape, float("nan"), dtype=torch.float32)  # float32 out of bf16 states
+    out_lse = torch.full(want_lse.shape, float("nan"))
+    assert OPS.merge_states_out(o, lse, out, out_lse, lse_base, out_lse_base) is None
+    assert_same(out.to(torch.bfloat16), want_out)
+    assert_same(out_lse, want_lse)
+    opcheck(OPS.merge_states_out.default, (o, lse, out, out_lse, lse_base, out_lse_base))
+
+
 def test_a_compiled_merge_of_gathered_decode_states_has_no_graph_break():
     """The states of W shards gathered as [W, b, s_q, h_q, d] and their LSEs in the decode's
     [W, b, h_q, s_q] layout, merged through views (as examples/context_parallel_decode.py)."""
