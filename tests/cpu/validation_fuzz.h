@@ -129,7 +129,11 @@ class Memory {
   std::vector<Buffer> buffers_;
 };
 
-// A non-null host address that must never be dereferenced (see attach_device_stand_in).
+// Host memory that must never be dereferenced: one static arena, poisoned under ASan, so that
+// stand-ins need no allocation and their addresses (so overlaps) depend on the case alone.
+inline constexpr int64_t kStandInArenaBytes = int64_t{4} << 20;
+std::byte* stand_in_arena();
+// A non-null address in it (see attach_device_stand_in).
 void* device_stand_in(int64_t offset_bytes = 0);
 
 // The contract of every argument (rank, dtype, sizes, strides, contiguity, pointer, extent,

@@ -80,24 +80,9 @@ std::string indexed(const char* name, int i) { return std::string(name) + "[" + 
 
 enum class Role { kO, kLse, kOut };
 
-// Stand-ins come from one static arena, poisoned under ASan (as the shared stand-in is): no
-// allocation per tensor, and addresses (so overlaps) that depend on the case alone.
-constexpr int64_t kArenaBytes = int64_t{4} << 20;
-std::byte* stand_in_arena() {
-  alignas(256) static std::byte bytes[kArenaBytes];
-#if defined(__SANITIZE_ADDRESS__)
-  static const bool poisoned = [] {
-    ASAN_POISON_MEMORY_REGION(bytes, sizeof(bytes));
-    return true;
-  }();
-  (void)poisoned;
-#endif
-  return bytes;
-}
-
 class Blocks {
  public:
-  // Stand-ins: addresses never to be read (the arena, or poisoned heap blocks past it).
+  // Stand-ins: addresses never to be read (stand_in_arena, or poisoned heap blocks past it).
   explicit Blocks(bool stand_in) : stand_in_(stand_in) {}
   Blocks(const Blocks&) = delete;
   Blocks& operator=(const Blocks&) = delete;
@@ -111,7 +96,7 @@ class Blocks {
 
   int add(int64_t bytes, Role role, DType dtype) {
     Block b{.size = bytes, .role = role, .dtype = dtype};
-    if (stand_in_ && arena_used_ + bytes <= kArenaBytes) {
+    if (stand_in_ && arena_used_ + bytes <= kStandInArenaBytes) {
       b.data = stand_in_arena() + arena_used_;
       arena_used_ += (bytes + 63) / 64 * 64 + 64;  // 64-byte aligned, a gap between blocks
     } else {

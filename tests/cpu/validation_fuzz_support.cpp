@@ -108,8 +108,10 @@ int64_t claimed_bytes(const TensorRef& t) {
   return bytes > Memory::kMaxBytes ? -1 : static_cast<int64_t>(bytes);
 }
 
-std::byte* arena() {
-  alignas(256) static std::byte bytes[4096];
+}  // namespace
+
+std::byte* stand_in_arena() {
+  alignas(256) static std::byte bytes[kStandInArenaBytes];
 #if defined(__SANITIZE_ADDRESS__)
   static const bool poisoned = [] {
     ASAN_POISON_MEMORY_REGION(bytes, sizeof(bytes));
@@ -119,6 +121,8 @@ std::byte* arena() {
 #endif
   return bytes;
 }
+
+namespace {
 
 const Arg* find_arg(const std::vector<Arg>& args, const std::string& name) {
   for (const Arg& a : args) {
@@ -373,7 +377,7 @@ void Memory::attach_device_stand_in(std::vector<Arg>& args) {
   }
 }
 
-void* device_stand_in(int64_t offset_bytes) { return arena() + 256 + offset_bytes; }
+void* device_stand_in(int64_t offset_bytes) { return stand_in_arena() + 256 + offset_bytes; }
 
 std::vector<Violation> contract_violations(const std::vector<Arg>& args, Symbols* symbols) {
   std::vector<Violation> out;

@@ -24,6 +24,18 @@ def assert_same(a, b):
                        else b) or torch.allclose(a.float(), b.float(), equal_nan=True, rtol=0, atol=0)
 
 
+
+def assert_compiles_to_one_graph(fn, *args):
+    """fn traces to one graph without a break, and torch.compile(fullgraph=True) of it returns
+    exactly the eager outputs."""
+    eager = fn(*args)
+    explained = torch._dynamo.explain(fn)(*args)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(*args)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+
 def test_mla_decode_op_is_the_package_function_and_passes_opcheck():
     q, kv, table, lengths = mla_problem(1)
     plan = ops.mla_decode_plan(lengths, 1, 4, 1)
@@ -156,13 +168,7 @@ def test_a_compiled_two_layer_decode_has_no_graph_break_and_matches_eager():
         out, lse = torch.ops.mlakit.mla_decode(mq, kv, mtable, mlengths, mplan[0], mplan[1], None, False)
         return h, out, lse
 
-    eager = step(q, mq)
-    explained = torch._dynamo.explain(step)(q, mq)
-    assert explained.graph_break_count == 0 and explained.graph_count == 1
-    torch._dynamo.reset()
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(q, mq)
-    for a, b in zip(eager, compiled):
-        assert torch.equal(a, b)
+    assert_compiles_to_one_graph(step, q, mq)
 
 
 def test_plan_fields_round_trip_and_errors():
@@ -229,10 +235,4 @@ def test_a_compiled_merge_of_gathered_decode_states_has_no_graph_break():
         out, out_lse = torch.ops.mlakit.merge_states(list(o), list(lse.transpose(2, 3)), "e", "e")
         return out, out_lse.transpose(1, 2)
 
-    eager = merge(o, lse)
-    explained = torch._dynamo.explain(merge)(o, lse)
-    assert explained.graph_break_count == 0 and explained.graph_count == 1
-    torch._dynamo.reset()
-    compiled = torch.compile(merge, fullgraph=True, backend="aot_eager")(o, lse)
-    for a, b in zip(eager, compiled):
-        assert torch.equal(a, b)
+    assert_compiles_to_one_graph(merge, o, lse)
