@@ -57,4 +57,10 @@ TensorRef to_ref(const Array& a, const char* name) { return make_ref(a, name); }
 TensorRef to_ref(const MutArray& a, const char* name) { return make_ref(a, name); }
 TensorRef to_ref(const std::optional<Array>& a, const char* name) { return a ? make_ref(*a, name) : TensorRef{}; }
 
+LseBase lse_base_from(const char* op, const char* argument, const std::string& name) {
+  if (name == "e") return LseBase::kNatural;
+  if (name == "2") return LseBase::kBase2;
+  throw nb::value_error((std::string(op) + ": " + argument + ": expected 'e' or '2', got '" + name + "'").c_str());
+}
+
 }  // namespace mlakit::python

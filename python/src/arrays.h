@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
+#include "mlakit/lse_base.h"
 #include "mlakit/mla_decode.h"
 #include "mlakit/status.h"
 #include "mlakit/tensor.h"
@@ -31,6 +33,10 @@ TensorRef to_ref(const Array& a, const char* name);
 TensorRef to_ref(const MutArray& a, const char* name);
 // An absent optional argument is the empty TensorRef the C++ API expects.
 TensorRef to_ref(const std::optional<Array>& a, const char* name);
+
+// A log-sum-exp base by its Python name, 'e' or '2' (every binding with a base argument);
+// anything else a ValueError "<op>: <argument>: expected 'e' or '2', got '<name>'".
+LseBase lse_base_from(const char* op, const char* argument, const std::string& name);
 
 // Python passes streams as integers (torch: Stream.cuda_stream, CuPy: Stream.ptr).
 inline cudaStream_t to_stream(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }

@@ -14,13 +14,6 @@
 namespace mlakit::python {
 namespace {
 
-LseBase base_from(const std::string& name, const char* argument) {
-  if (name == "e") return LseBase::kNatural;
-  if (name == "2") return LseBase::kBase2;
-  throw nb::value_error(
-      ("merge_states: " + std::string(argument) + ": expected 'e' or '2', got '" + name + "'").c_str());
-}
-
 // One TensorRef per array of a list argument, named like the library's messages: "o[2]".
 std::vector<TensorRef> state_refs(const std::vector<Array>& states, const char* argument) {
   std::vector<TensorRef> refs;
@@ -47,10 +40,10 @@ class MergeCall {
     args_.o = o_.data();
     args_.lse = lse_.data();
     args_.num_states = static_cast<int>(o_.size());
-    args_.lse_base = base_from(lse_base, "lse_base");
+    args_.lse_base = lse_base_from("merge_states", "lse_base", lse_base);
     args_.out = to_ref(out, "out");
     if (out_lse) args_.out_lse = to_ref(*out_lse, "out_lse");
-    args_.out_lse_base = base_from(out_lse_base, "out_lse_base");
+    args_.out_lse_base = lse_base_from("merge_states", "out_lse_base", out_lse_base);
   }
   MergeCall(const MergeCall&) = delete;
   MergeCall& operator=(const MergeCall&) = delete;

@@ -12,12 +12,6 @@
 namespace mlakit::python {
 namespace {
 
-LseBase lse_base_from(const std::string& name) {
-  if (name == "2") return LseBase::kBase2;
-  if (name == "e") return LseBase::kNatural;
-  throw nb::value_error(("lse_base: expected '2' or 'e', got '" + name + "'").c_str());
-}
-
 MlaSparsePrefillArgs prefill_args(const Array& q, const Array& kv, const Array& indices,
                                   const std::optional<Array>& topk_length, const std::optional<Array>& attn_sink,
                                   const MutArray& out, const MutArray& max_logits, const MutArray& lse,
@@ -33,7 +27,7 @@ MlaSparsePrefillArgs prefill_args(const Array& q, const Array& kv, const Array& 
   a.lse = to_ref(lse, "lse");
   a.sm_scale = sm_scale;  // None: 1 / sqrt(d_qk)
   a.d_v = d_v;
-  a.lse_base = lse_base_from(lse_base);
+  a.lse_base = lse_base_from("mla_sparse_prefill", "lse_base", lse_base);
   return a;
 }
 
