@@ -342,7 +342,7 @@ int main(int argc, char** argv) {
     BENCH_STATUS(mla_sparse_decode_plan(d.problem, TensorRef{}, workspace.get(), workspace_bytes, stream, &plan));
     const detail::SeqLengths lengths{nullptr, c.topk, c.s_q, c.topk};
     const detail::SparseDecodeParams params = detail::make_sparse_decode_params(
-        d.args, plan, lengths, detail::resolve_softmax_scale(d.args.softmax_scale, 576));
+        d.args, plan, lengths, detail::Fp8TokenLayout::kV32, detail::resolve_softmax_scale(d.args.softmax_scale, 576));
     TracedRun t{.name = c.name, .row_tiles = (params.core.rows + 63) / 64, .num_parts = params.schedule.num_parts,
                 .block_n = params.schedule.block_n};
     t.ctas = t.row_tiles * params.schedule.num_parts;

@@ -49,7 +49,7 @@ extern "C" cudaError_t traced_dense_decode(const void* params, const CUtensorMap
 extern "C" cudaError_t traced_sparse_decode(const void* params, const CUtensorMap* q_map, const void* timeline,
                                             cudaStream_t stream) {
   const auto& p = *static_cast<const d::SparseDecodeParams*>(params);
-  auto kernel = &d::sm90::mla_sparse_decode_sm90_kernel;
+  auto kernel = &d::sm90::mla_sparse_decode_sm90_kernel<d::Fp8TokenLayout::kV32>;
   dim3 grid;
   const cudaError_t err = prepare(kernel, p, timeline, stream, &grid);
   if (err != cudaSuccess) return err;

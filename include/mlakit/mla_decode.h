@@ -63,6 +63,9 @@ struct MlaDecodePlan {
   // Sparse decode plans: made with a topk_length tensor. The decode must get one exactly when
   // its plan did (a plan of uniform lengths may hold whole sequences per part, below).
   bool sparse_topk_length = false;
+  // Sparse decode plans with a second cache: its topk (0: none) and whether extra_topk_length was given.
+  int64_t sparse_extra_topk = 0;
+  bool sparse_extra_topk_length = false;
   // Every scheduled sequence lies whole in one part (one split each, none empty): the
   // attention kernel writes every output directly and the combine kernel is not launched.
   // Set by sparse decode plans made without topk_length whose parts hold whole sequences

@@ -28,7 +28,7 @@ void visit_fields(MlaDecodePlan& p, F&& f) {
   f(p.kernel), f(p.device), f(p.num_parts), f(p.block_n), f(p.overhead_blocks), f(p.rows_per_tile);
   f(p.workspace_bytes), f(p.part_ranges_offset), f(p.split_prefix_offset), f(p.partial_prefix_offset);
   f(p.cost_prefix_offset), f(p.partial_out_offset), f(p.partial_lse_offset), f(p.partial_slots);
-  f(p.sparse_topk), f(p.sparse_topk_length), f(p.no_splits);
+  f(p.sparse_topk), f(p.sparse_topk_length), f(p.sparse_extra_topk), f(p.sparse_extra_topk_length), f(p.no_splits);
 }
 
 template <typename F>
@@ -43,7 +43,7 @@ template <typename Plan>
 struct PlanTag;
 template <>
 struct PlanTag<MlaDecodePlan> {
-  static constexpr int64_t kValue = 0x4d4c4101;  // "MLA" v1
+  static constexpr int64_t kValue = 0x4d4c4102;  // "MLA" v2 (the second cache's topk)
   static constexpr const char* kName = "MlaDecodePlan";
 };
 template <>

@@ -43,16 +43,25 @@ static_assert(sizeof(PartRange) == kPartRangeInts * sizeof(int32_t), "PartRange 
 
 // Length of scheduled sequence i: lengths[i / divisor] (`fixed` when lengths is null),
 // clamped to [0, cap]. The dense decode schedules its sequences; the sparse decode schedules
-// one "sequence" per (batch entry, query token), of length topk_length[b] or topk.
+// one "sequence" per (batch entry, query token), of length topk_length[b] or topk, plus, with a
+// second cache, extra_topk_length[b] or extra_topk (its keys follow the first cache's: key
+// positions [first(i), first(i) + extra(i))).
 struct SeqLengths {
   const int32_t* lengths;
   int32_t fixed;
   int32_t divisor;
   int32_t cap;
-  MLAKIT_HD int32_t operator()(int64_t i) const {
-    const int32_t l = lengths != nullptr ? lengths[i / divisor] : fixed;
-    return l < 0 ? 0 : (l > cap ? cap : l);
+  const int32_t* extra_lengths = nullptr;
+  int32_t extra_fixed = 0;
+  int32_t extra_cap = 0;
+  MLAKIT_HD static int32_t clamp(int32_t l, int32_t cap) { return l < 0 ? 0 : (l > cap ? cap : l); }
+  // Keys from the first (or only) key source.
+  MLAKIT_HD int32_t first(int64_t i) const { return clamp(lengths != nullptr ? lengths[i / divisor] : fixed, cap); }
+  MLAKIT_HD int32_t extra(int64_t i) const {
+    return clamp(extra_lengths != nullptr ? extra_lengths[i / divisor] : extra_fixed, extra_cap);
   }
+  // cap + extra_cap <= 2^21 where both are used (topk, extra_topk <= 2^20): no overflow.
+  MLAKIT_HD int32_t operator()(int64_t i) const { return extra_cap > 0 ? first(i) + extra(i) : first(i); }
 };
 MLAKIT_HD SeqLengths dense_lengths(const int32_t* seqlens) { return SeqLengths{seqlens, 0, 1, 0x7fffffff}; }
 

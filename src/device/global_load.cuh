@@ -16,6 +16,13 @@ __device__ __forceinline__ uint4 load_nc_16(const void* src) {
   return v;
 }
 
+// 8 bytes from `src` (8-byte aligned), read-only path, unpredicated as load_nc_16.
+__device__ __forceinline__ uint2 load_nc_8(const void* src) {
+  uint2 v;
+  asm("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(src));
+  return v;
+}
+
 // An int32 from `src` when `pred`, else `fallback` (plain ld.global: indices may be written by
 // earlier kernels of the same stream, e.g. an indexer).
 __device__ __forceinline__ int32_t load_s32_or(const int32_t* src, bool pred, int32_t fallback) {

@@ -1,10 +1,11 @@
-#include "common/math_constants.h"
 #include "dispatch/mla_sparse_decode_dispatch.h"
 
 #include <cuda_bf16.h>
 
 #include <string>
 
+#include "common/fp8_v4_cache_row.h"
+#include "common/math_constants.h"
 #include "dispatch/cuda_status.h"
 #include "dispatch/planned_decode.h"
 #include "dispatch/tma_tensor.h"
@@ -17,8 +18,29 @@ Status dispatch_sparse_decode_plan(const MlaDecodePlan& plan, const SeqLengths& 
   return cuda_status("mla_decode_plan", launch_plan(plan, lengths, stream));
 }
 
+namespace {
+
+// One cache and its index list as the kernels read them (V4: pages step by records of 576
+// bytes; the tensor's stride[1], 584, is the FlashMLA view's, not an address step).
+ListedKeys listed_keys(const TensorRef& cache, const TensorRef& indices, Fp8TokenLayout layout) {
+  if (cache.empty()) return ListedKeys{};
+  const int page_size = static_cast<int>(cache.shape[1]);
+  return ListedKeys{
+      .kv = cache.data,
+      .kv_stride_block = cache.stride[0],
+      .kv_stride_page = layout == Fp8TokenLayout::kV4 ? int64_t{kV4RecordBytes} : cache.stride[1],
+      .indices = static_cast<const int32_t*>(indices.data),
+      .indices_stride_b = indices.stride[0],
+      .indices_stride_s = indices.stride[1],
+      .slot_limit = sparse_slot_limit(cache.shape[0], page_size),
+      .page_divisor = FastDivisor(static_cast<uint32_t>(page_size)),
+  };
+}
+
+}  // namespace
+
 SparseDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& a, const MlaDecodePlan& plan,
-                                             const SeqLengths& lengths, float softmax_scale) {
+                                             const SeqLengths& lengths, Fp8TokenLayout layout, float softmax_scale) {
   // One scheduled sequence per (batch entry, query token): rows = the h_q heads of one token.
   const MlaDecodeProblem& pr = plan.problem;
   SparseDecodeParams params{
@@ -34,19 +56,12 @@ SparseDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& a, const
               .scale_log2 = softmax_scale * static_cast<float>(kLog2e),
               .causal = false,
               .seq_divisor = static_cast<int>(a.q.shape[1]),
+              .d_qk = static_cast<int>(a.q.shape[3]),  // V4: 512, the 576-wide tiles zero past it
               .attn_sink = a.attn_sink.empty() ? nullptr : static_cast<const float*>(a.attn_sink.data),
           },
-      .keys =
-          {
-              .kv = a.kv_cache.data,
-              .kv_stride_block = a.kv_cache.stride[0],
-              .kv_stride_page = a.kv_cache.stride[1],
-              .indices = static_cast<const int32_t*>(a.indices.data),
-              .indices_stride_b = a.indices.stride[0],
-              .indices_stride_s = a.indices.stride[1],
-              .slot_limit = sparse_slot_limit(a.kv_cache.shape[0], static_cast<int>(a.kv_cache.shape[1])),
-              .page_divisor = FastDivisor(static_cast<uint32_t>(a.kv_cache.shape[1])),
-          },
+      .keys = listed_keys(a.kv_cache, a.indices, layout),
+      .extra_keys = listed_keys(a.extra_kv_cache, a.extra_indices, layout),
+      .layout = layout,
       .schedule = plan_schedule(plan),
   };
   attach_io(a.q, a.out, a.lse, &params.core);
@@ -54,8 +69,8 @@ SparseDecodeParams make_sparse_decode_params(const MlaSparseDecodeArgs& a, const
 }
 
 Status dispatch_mla_sparse_decode(const MlaSparseDecodeArgs& a, const MlaDecodePlan& plan, const SeqLengths& lengths,
-                                  float softmax_scale, cudaStream_t stream) {
-  const SparseDecodeParams params = make_sparse_decode_params(a, plan, lengths, softmax_scale);
+                                  Fp8TokenLayout layout, float softmax_scale, cudaStream_t stream) {
+  const SparseDecodeParams params = make_sparse_decode_params(a, plan, lengths, layout, softmax_scale);
   // The plan's kernel: its layout (rows per tile, parts) was made for that kernel.
   if (plan.kernel == MlaKernel::kSm90) {
     CUtensorMap q_map;

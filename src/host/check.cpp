@@ -167,10 +167,14 @@ Status check_block_table(const char* op, const TensorRef& block_table, int64_t b
 }
 
 Status check_topk(const char* op, const TensorRef& indices, int* topk) {
+  return check_topk(op, "indices", "topk", indices, topk);
+}
+
+Status check_topk(const char* op, const char* name, const char* dim_name, const TensorRef& indices, int* topk) {
   const int64_t k = indices.shape[indices.rank - 1];
   if (k < 1 || k > (1 << 20)) {
-    return invalid(op, "indices.shape[" + std::to_string(indices.rank - 1) + "] (topk): expected 1 <= topk <= 2^20, got " +
-                           std::to_string(k));
+    return invalid(op, std::string(name) + ".shape[" + std::to_string(indices.rank - 1) + "] (" + dim_name +
+                           "): expected 1 <= " + dim_name + " <= 2^20, got " + std::to_string(k));
   }
   *topk = static_cast<int>(k);
   return Status::ok();

@@ -56,6 +56,8 @@ Status check_block_table(const char* op, const TensorRef& block_table, int64_t b
 
 // The topk of an indices tensor [.., .., topk] (last dimension): 1 <= topk <= 2^20.
 Status check_topk(const char* op, const TensorRef& indices, int* topk);
+// The same for another list of indices: "<name>.shape[i] (<dim_name>): expected 1 <= ...".
+Status check_topk(const char* op, const char* name, const char* dim_name, const TensorRef& indices, int* topk);
 
 // A logit scale: unset (the default, 1 / sqrt(d_qk)) or finite. NaN and infinities are
 // errors: NaN is no longer a "use the default" sentinel, it would silently poison every row.

@@ -177,14 +177,17 @@ WholeSequenceParts whole_sequence_parts(int64_t sequences, int64_t blocks, const
   return WholeSequenceParts{static_cast<int>(sequences / per_part), true};
 }
 
-Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, int topk, bool with_topk_length,
+Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, const SparseKeyLists& keys,
                                  const DeviceInfo& device, MlaKernel request, MlaDecodePlan* plan) {
   MlaDecodePlan out;
   MLAKIT_RETURN_IF_ERROR(make_decode_layout(scheduled, device, &out, request));
-  out.sparse_topk = topk;  // the schedule covers topk keys per row: checked by the decode
-  out.sparse_topk_length = with_topk_length;  // checked by the decode too
+  // The schedule covers these index lists: the decode checks it gets the same.
+  out.sparse_topk = keys.topk;
+  out.sparse_topk_length = keys.topk_length;
+  out.sparse_extra_topk = keys.extra_topk;
+  out.sparse_extra_topk_length = keys.extra_topk_length;
   out.overhead_blocks = kSparseDecodeOverheadBlocks;
-  if (!with_topk_length) {
+  if (!keys.varying()) {
     // Lengths known on the host: the default schedule's config decides whether whole
     // sequences per part keep its balance.
     const ScheduleConfig c{
@@ -192,7 +195,7 @@ Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, int topk, bo
         .block_n = out.block_n,
         .overhead_blocks = out.overhead_blocks,
     };
-    const WholeSequenceParts w = whole_sequence_parts(scheduled.b, key_blocks(topk, c.block_n), c);
+    const WholeSequenceParts w = whole_sequence_parts(scheduled.b, key_blocks(keys.total(), c.block_n), c);
     if (w.num_parts != out.num_parts) set_decode_num_parts(w.num_parts, &out);
     out.no_splits = w.no_splits;
   }

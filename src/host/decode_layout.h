@@ -114,11 +114,23 @@ struct WholeSequenceParts {
 };
 WholeSequenceParts whole_sequence_parts(int64_t sequences, int64_t blocks, const ScheduleConfig& c);
 
+// The index lists a sparse decode plan is made for: topk per query token (plus extra_topk into
+// a second cache), and whether topk_length (extra_topk_length) will give the lengths.
+struct SparseKeyLists {
+  int topk = 0;
+  bool topk_length = false;
+  int extra_topk = 0;
+  bool extra_topk_length = false;
+  int total() const { return topk + extra_topk; }                    // <= 2^21
+  bool varying() const { return topk_length || extra_topk_length; }  // else every row has total() keys
+};
+
 // The sparse decode's layout (all but `workspace`) for its scheduled problem (one sequence
 // per (batch entry, query token): b = b * s_q, s_q 1, h_kv 1): make_decode_layout's, for
-// `topk`; without topk_length every length is topk, and whole_sequence_parts may lower
-// num_parts (the regions follow) and set no_splits. Never more workspace than the default.
-Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, int topk, bool with_topk_length,
+// keys.total() keys per row; without length tensors every row has that many, and
+// whole_sequence_parts may lower num_parts (the regions follow) and set no_splits. Never more
+// workspace than the default.
+Status make_sparse_decode_layout(const MlaDecodeProblem& scheduled, const SparseKeyLists& keys,
                                  const DeviceInfo& device, MlaKernel request, MlaDecodePlan* plan);
 
 // Checks a caller's workspace: non-null, 256-byte aligned, at least `needed` bytes, device

@@ -12,6 +12,7 @@
 
 #include "common/decode_schedule.h"
 #include "common/fast_divisor.h"
+#include "common/fp8_token_layout.h"
 
 namespace mlakit::detail {
 
@@ -99,7 +100,11 @@ struct DenseDecodeParams {
 struct SparseDecodeParams {
   static constexpr bool kPlanned = true;
   AttentionCore core;
-  ListedKeys keys;  // 656-byte FP8 tokens
+  ListedKeys keys;        // the first cache's FP8 tokens: key positions [0, lengths.first(seq))
+  // The second cache (extra_keys.kv null: none), same layout: key positions
+  // [lengths.first(seq), lengths(seq)) are its indices 0, 1, ...
+  ListedKeys extra_keys;
+  Fp8TokenLayout layout;  // V4: keys' kv_stride_page is the record stride (576)
   SplitSchedule schedule;
 };
 

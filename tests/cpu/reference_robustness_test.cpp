@@ -280,7 +280,7 @@ TEST(ReferenceRobustness, SparseDecodeReadsAndWritesHostArraysAtOddAddresses) {
   OddAddressArrays odd;
   float* out = odd.copy(std::vector<float>(c.out_elems()));
   float* lse = odd.copy(std::vector<float>(c.lse_elems()));
-  const MlaSparseDecodeArgs a = c.args(odd.copy(c.q), odd.copy(c.cache), odd.copy(c.indices), odd.copy(c.topk_length),
+  const MlaSparseDecodeArgs a = c.args(odd.copy(c.q), odd.copy(c.main.bytes), odd.copy(c.main.indices), odd.copy(c.main.lengths),
                                        odd.copy(c.sink), out, DType::kFP32, lse);
   ASSERT_TRUE(reference::mla_sparse_decode_fp8(a));
   EXPECT_EQ(OddAddressArrays::read(out, want.out.size()), want.out);

@@ -23,7 +23,7 @@ using support::SparseCaseSpec;
 MlaSparseDecodeArgs args_of(HostSparseCase& c, std::vector<float>& out, std::vector<float>& lse) {
   out.assign(c.out_elems(), NAN);
   lse.assign(c.lse_elems(), NAN);
-  return c.args(c.q.data(), c.cache.data(), c.indices.data(), c.topk_length.data(), c.sink.data(), out.data(),
+  return c.args(c.q.data(), c.main.bytes.data(), c.main.indices.data(), c.main.lengths.data(), c.sink.data(), out.data(),
                 DType::kFP32, lse.data());
 }
 
@@ -39,12 +39,12 @@ void expect_matches_naive(const HostSparseCase& hc, const std::vector<float>& ou
         std::vector<double> z;
         std::vector<int64_t> rows;
         for (int64_t k = 0; k < count; ++k) {
-          const int64_t slot = hc.indices[(i * c.s_q + t) * c.topk + k];
+          const int64_t slot = hc.main.indices[(i * c.s_q + t) * c.topk + k];
           if (slot < 0 || slot >= tokens) continue;
           double dot = 0;
           for (int d = 0; d < 576; ++d) {
             dot += double(host::bf16_to_float(hc.q[((i * c.s_q + t) * c.h_q + h) * 576 + d])) *
-                   host::bf16_to_float(hc.dequantized[slot * 576 + d]);
+                   host::bf16_to_float(hc.main.dequantized[slot * 576 + d]);
           }
           z.push_back(dot * scale);
           rows.push_back(slot);
@@ -64,7 +64,7 @@ void expect_matches_naive(const HostSparseCase& hc, const std::vector<float>& ou
         const double factor = sink ? 1.0 / (1.0 + std::exp((*sink)[h] - ref_lse)) : 1.0;
         for (int d = 0; d < 512; ++d) {
           double o = 0;
-          for (size_t j = 0; j < z.size(); ++j) o += std::exp(z[j] - ref_lse) * host::bf16_to_float(hc.dequantized[rows[j] * 576 + d]);
+          for (size_t j = 0; j < z.size(); ++j) o += std::exp(z[j] - ref_lse) * host::bf16_to_float(hc.main.dequantized[rows[j] * 576 + d]);
           ASSERT_NEAR(got[d], o * factor, 1e-6 + 1e-5 * std::fabs(o)) << "seq " << i << " t " << t << " h " << h << " d " << d;
         }
       }
@@ -89,11 +89,11 @@ TEST(SparseDecodeReference, TopkLengthAndAttentionSink) {
   HostSparseCase c = support::make_sparse_case({.b = 3, .s_q = 2, .h_q = 4, .topk = 64, .num_blocks = 5, .page_size = 16,
                                                  .with_topk_length = true, .with_sink = true, .softmax_scale = 0.3f,
                                                  .seed = 77});
-  c.topk_length = {64, 0, 17};
+  c.main.lengths = {64, 0, 17};
   std::vector<float> out, lse;
   MlaSparseDecodeArgs a = args_of(c, out, lse);
   ASSERT_TRUE(reference::mla_sparse_decode_fp8(a));
-  expect_matches_naive(c, out, lse, &c.topk_length, &c.sink, 0.3f);
+  expect_matches_naive(c, out, lse, &c.main.lengths, &c.sink, 0.3f);
 }
 
 // Listing every position of a sequence's pages gives the dense decode of the dequantized cache.
@@ -105,7 +105,7 @@ TEST(SparseDecodeReference, EqualsDenseDecodeWhenIndicesListTheWholeSequence) {
   for (int64_t i = 0; i < 2; ++i) {
     for (int t = 0; t < 2; ++t) {
       for (int k = 0; k < 192; ++k) {
-        c.indices[(i * 2 + t) * 192 + k] = k < lengths[i] ? table[i * 8 + k / 32] * 32 + k % 32 : -1;
+        c.main.indices[(i * 2 + t) * 192 + k] = k < lengths[i] ? table[i * 8 + k / 32] * 32 + k % 32 : -1;
       }
     }
   }
@@ -117,7 +117,7 @@ TEST(SparseDecodeReference, EqualsDenseDecodeWhenIndicesListTheWholeSequence) {
   std::vector<float> dense_out(sparse_out.size()), dense_lse(sparse_lse.size());
   MlaDecodeArgs d;
   d.q = a.q;
-  d.kv_cache = make_tensor(c.dequantized.data(), DType::kBF16, {6, 32, 1, 576});
+  d.kv_cache = make_tensor(c.main.dequantized.data(), DType::kBF16, {6, 32, 1, 576});
   d.block_table = make_tensor(table.data(), DType::kInt32, {2, 8});
   d.cache_seqlens = make_tensor(seqlens.data(), DType::kInt32, {2});
   d.out = make_tensor(dense_out.data(), DType::kFP32, {2, 2, 8, 512});
@@ -137,13 +137,13 @@ TEST(SparseDecodeReference, ValidationErrors) {
   a.causal = true;
   EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"causal", "expected false"}));
   a = base();
-  a.kv_cache = make_tensor(c.cache.data(), DType::kUInt8, {2, 16, 1, 576});
+  a.kv_cache = make_tensor(c.main.bytes.data(), DType::kUInt8, {2, 16, 1, 576});
   EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"kv_cache.shape[3]", "expected 656", "got 576"}));
   a = base();
-  a.kv_cache = make_tensor(c.cache.data(), DType::kBF16, {2, 16, 1, 656});
+  a.kv_cache = make_tensor(c.main.bytes.data(), DType::kBF16, {2, 16, 1, 656});
   EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"kv_cache.dtype", "uint8"}));
   a = base();
-  a.indices = make_tensor(c.indices.data(), DType::kInt32, {2, 2, 32});
+  a.indices = make_tensor(c.main.indices.data(), DType::kInt32, {2, 2, 32});
   EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(a), {"indices.shape[1] (s_q)", "expected 1", "got 2"}));
   a = base();
   a.q.dtype = DType::kFP16;

@@ -60,7 +60,7 @@ struct Sparse {
                                      .with_topk_length = true, .with_sink = true})),
         out(c.out_elems(), 0x7fc0),
         lse(c.lse_elems(), NAN),
-        args(c.args(c.q.data(), c.cache.data(), c.indices.data(), c.topk_length.data(), c.sink.data(), out.data(),
+        args(c.args(c.q.data(), c.main.bytes.data(), c.main.indices.data(), c.main.lengths.data(), c.sink.data(), out.data(),
                     DType::kBF16, lse.data())) {}
   Sparse(const Sparse&) = delete;
   support::HostSparseCase c;
@@ -359,7 +359,7 @@ TEST(Fp8Rows, RowCountsBeyondInt64AreRejected) {
 TEST(PagedCache, NumBlocksAndPageSizeAreBoundedBeforeAnySlotIsFormed) {
   // INT64_MAX blocks (stride 0: one real block): num_blocks * page_size would overflow.
   Sparse s;
-  s.args.kv_cache = make_tensor(s.c.cache.data(), DType::kUInt8, {INT64_MAX, 2, 1, 656}, {0, 0, 656, 1});
+  s.args.kv_cache = make_tensor(s.c.main.bytes.data(), DType::kUInt8, {INT64_MAX, 2, 1, 656}, {0, 0, 656, 1});
   EXPECT_TRUE(IsInvalid(reference::mla_sparse_decode_fp8(s.args),
                         {"reference::mla_sparse_decode_fp8: kv_cache.shape[0] (num_blocks): expected <= 2^31 - 1",
                          "got 9223372036854775807"}));

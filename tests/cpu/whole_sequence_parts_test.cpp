@@ -93,7 +93,7 @@ ScheduleConfig with_parts(ScheduleConfig c, int num_parts) {
 TEST(WholeSequenceParts, BenchmarkShapesGet64PartsOfWholeSequences) {
   // The default schedule: the sparse plan made with topk_length (no whole-sequence choice).
   MlaDecodePlan varying;
-  ASSERT_TRUE(make_sparse_decode_layout(MlaDecodeProblem{.b = 128, .s_q = 1, .h_q = 128, .h_kv = 1}, 2048, true,
+  ASSERT_TRUE(make_sparse_decode_layout(MlaDecodeProblem{.b = 128, .s_q = 1, .h_q = 128, .h_kv = 1}, SparseKeyLists{.topk = 2048, .topk_length = true},
                                         h100(), MlaKernel::kSm90, &varying)
                   .is_ok());
   const ScheduleConfig def{
@@ -234,8 +234,8 @@ TEST(SparseDecodeLayout, WholeSequencesOnlyWithoutTopkLength) {
   const MlaDecodeProblem scheduled{.b = 128, .s_q = 1, .h_q = 128, .h_kv = 1};
   MlaDecodePlan dense, uniform, varying;
   ASSERT_TRUE(make_decode_layout(scheduled, h100(), &dense, MlaKernel::kAuto).is_ok());
-  ASSERT_TRUE(make_sparse_decode_layout(scheduled, 2048, false, h100(), MlaKernel::kAuto, &uniform).is_ok());
-  ASSERT_TRUE(make_sparse_decode_layout(scheduled, 2048, true, h100(), MlaKernel::kAuto, &varying).is_ok());
+  ASSERT_TRUE(make_sparse_decode_layout(scheduled, SparseKeyLists{.topk = 2048, .topk_length = false}, h100(), MlaKernel::kAuto, &uniform).is_ok());
+  ASSERT_TRUE(make_sparse_decode_layout(scheduled, SparseKeyLists{.topk = 2048, .topk_length = true}, h100(), MlaKernel::kAuto, &varying).is_ok());
   EXPECT_EQ(dense.num_parts, 66);
   EXPECT_FALSE(dense.no_splits);
   EXPECT_EQ(dense.sparse_topk, 0);
@@ -256,7 +256,7 @@ TEST(SparseDecodeLayout, WholeSequencesOnlyWithoutTopkLength) {
 
   // The portable kernel (32 rows, 2 CTAs per SM: also 66 parts at h_q 128) gets the same.
   MlaDecodePlan portable;
-  ASSERT_TRUE(make_sparse_decode_layout(scheduled, 2048, false, h100(), MlaKernel::kPortable, &portable).is_ok());
+  ASSERT_TRUE(make_sparse_decode_layout(scheduled, SparseKeyLists{.topk = 2048, .topk_length = false}, h100(), MlaKernel::kPortable, &portable).is_ok());
   EXPECT_EQ(portable.num_parts, 64);
   EXPECT_TRUE(portable.no_splits);
 }

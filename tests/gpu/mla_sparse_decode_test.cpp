@@ -71,9 +71,9 @@ TEST_P(MlaSparseDecodeSweep, MatchesReference) {
   problem.kernel = kernel;
   const support::SparseReferenceResult ref = support::run_sparse_reference(c);
 
-  DeviceBuffer q(c.q), cache(c.cache), indices(c.indices), out(c.out_elems() * 2), lse(c.lse_elems() * 4);
-  DeviceBuffer topk_length(std::max<size_t>(c.topk_length.size(), 1) * 4), sink(std::max<size_t>(c.sink.size(), 1) * 4);
-  if (!c.topk_length.empty()) topk_length.upload(c.topk_length.data(), c.topk_length.size() * 4);
+  DeviceBuffer q(c.q), cache(c.main.bytes), indices(c.main.indices), out(c.out_elems() * 2), lse(c.lse_elems() * 4);
+  DeviceBuffer topk_length(std::max<size_t>(c.main.lengths.size(), 1) * 4), sink(std::max<size_t>(c.sink.size(), 1) * 4);
+  if (!c.main.lengths.empty()) topk_length.upload(c.main.lengths.data(), c.main.lengths.size() * 4);
   if (!c.sink.empty()) sink.upload(c.sink.data(), c.sink.size() * 4);
   out.fill16(0x7fc0);
   lse.fill32(0x7fc00000u);
@@ -131,7 +131,7 @@ TEST(MlaSparseDecodeWholeSequences, WrittenWithoutCombine) {
 
     MlaSparseDecodeProblem problem = c.problem();
     problem.kernel = kernel;
-    DeviceBuffer q(c.q), cache(c.cache), indices(c.indices), out(c.out_elems() * 2), lse(c.lse_elems() * 4);
+    DeviceBuffer q(c.q), cache(c.main.bytes), indices(c.main.indices), out(c.out_elems() * 2), lse(c.lse_elems() * 4);
     DeviceBuffer sink(c.sink.size() * 4);
     sink.upload(c.sink.data(), c.sink.size() * 4);
     out.fill16(0x7fc0);
@@ -166,7 +166,7 @@ TEST(MlaSparseDecodeGraph, CaptureAndReplayMatchEagerBits) {
   MLAKIT_SKIP_WITHOUT_GPU();
   support::HostSparseCase c = support::make_sparse_case(
       {.b = 6, .s_q = 2, .h_q = 64, .topk = 576, .num_blocks = 12, .page_size = 64, .with_topk_length = true, .seed = 21});
-  DeviceBuffer q(c.q), cache(c.cache), indices(c.indices), lengths(c.topk_length), out(c.out_elems() * 2),
+  DeviceBuffer q(c.q), cache(c.main.bytes), indices(c.main.indices), lengths(c.main.lengths), out(c.out_elems() * 2),
       lse(c.lse_elems() * 4);
   const MlaSparseDecodeArgs args =
       c.args(q.get(), cache.get(), indices.get(), lengths.get(), nullptr, out.get(), DType::kBF16, lse.get());
@@ -209,7 +209,7 @@ TEST(MlaSparseDecodeGraph, CaptureAndReplayMatchEagerBits) {
 TEST(MlaSparseDecodeValidation, CausalAndHostPointersAndPlanMismatch) {
   MLAKIT_SKIP_WITHOUT_GPU();
   support::HostSparseCase c = support::make_sparse_case({.b = 2, .s_q = 1, .h_q = 16, .topk = 64, .seed = 3});
-  DeviceBuffer q(c.q), cache(c.cache), indices(c.indices), out(c.out_elems() * 2), lse(c.lse_elems() * 4);
+  DeviceBuffer q(c.q), cache(c.main.bytes), indices(c.main.indices), out(c.out_elems() * 2), lse(c.lse_elems() * 4);
   MlaSparseDecodeArgs args =
       c.args(q.get(), cache.get(), indices.get(), nullptr, nullptr, out.get(), DType::kBF16, lse.get());
   std::size_t bytes = 0;
@@ -222,7 +222,7 @@ TEST(MlaSparseDecodeValidation, CausalAndHostPointersAndPlanMismatch) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("causal"), std::string::npos) << s.message();
   args.causal = false;
-  args.indices.data = c.indices.data();  // host memory
+  args.indices.data = c.main.indices.data();  // host memory
   s = mla_sparse_decode_fp8(args, plan, nullptr);
   EXPECT_NE(s.message().find("indices: expected device memory"), std::string::npos) << s.message();
   args.indices.data = indices.get();

@@ -142,17 +142,17 @@ void run_case(const SparseCase& sc, const std::string& name, MlaKernel kernel, s
   support::HostSparseCase hc = support::make_sparse_case(sc.spec);
   if (sc.distinct_per_sequence) list_distinct_tokens_per_sequence(&hc);
   if (hc.spec.with_topk_length && hc.spec.b >= 3) {
-    hc.topk_length[1] = 1;  // one key
-    hc.topk_length[2] = 0;  // an empty sequence: written by the combine
+    hc.main.lengths[1] = 1;  // one key
+    hc.main.lengths[2] = 0;  // an empty sequence: written by the combine
   }
   support::poison_unlisted_tokens(hc);
   const support::SparseReferenceResult ref = support::run_sparse_reference(hc);
   ASSERT_FALSE(stress::has_nan(ref.out) || stress::has_nan(ref.lse)) << name << ": the reference has NaN";
 
-  DeviceBuffer q(hc.q), cache(hc.cache), indices(hc.indices), out(hc.out_elems() * 2), lse(hc.lse_elems() * 4);
-  DeviceBuffer topk_length(std::max<size_t>(hc.topk_length.size(), 1) * 4);
+  DeviceBuffer q(hc.q), cache(hc.main.bytes), indices(hc.main.indices), out(hc.out_elems() * 2), lse(hc.lse_elems() * 4);
+  DeviceBuffer topk_length(std::max<size_t>(hc.main.lengths.size(), 1) * 4);
   DeviceBuffer sink(std::max<size_t>(hc.sink.size(), 1) * 4);
-  if (!hc.topk_length.empty()) topk_length.upload(hc.topk_length.data(), hc.topk_length.size() * 4);
+  if (!hc.main.lengths.empty()) topk_length.upload(hc.main.lengths.data(), hc.main.lengths.size() * 4);
   if (!hc.sink.empty()) sink.upload(hc.sink.data(), hc.sink.size() * 4);
   const MlaSparseDecodeArgs args = hc.args(q.get(), cache.get(), indices.get(), topk_length.get(), sink.get(),
                                            out.get(), DType::kBF16, lse.get());

@@ -13,8 +13,9 @@
 // (sequence * row tiles + tile, kv head) runs the whole sequence and writes final rows.
 //
 // The params type picks the key source at compile time: DenseDecodeParams, paged
-// (position -> block table); SparseDecodeParams, FP8 tokens (position -> indices -> 656-byte
-// token, dequantized); SparsePrefillParams, rows (position -> indices -> row in q's dtype).
+// (position -> block table); SparseDecodeParams, FP8 tokens (position -> first or second
+// cache's indices -> a V3.2 or V4 token, dequantized: kernels/fp8_tokens.cuh);
+// SparsePrefillParams, rows (position -> indices -> row in q's dtype).
 //
 // Warps: 8, no specialisation. Per key tile of kKeys keys:
 //   1. threads 0..kKeys-1 translate key positions to key row offsets through the block table
@@ -37,10 +38,12 @@
 
 #include "common/decode_schedule.h"
 #include "common/fp8_cache_row.h"
+#include "common/fp8_v4_cache_row.h"
 #include "device/cp_async.cuh"
 #include "device/mma_sm80.cuh"
 #include "device/numeric.cuh"
 #include "kernels/attention_rows.cuh"
+#include "kernels/fp8_tokens.cuh"
 #include "kernels/mla_params.h"
 
 namespace mlakit::detail::portable {
@@ -82,7 +85,8 @@ struct DecodeSmem {
   float lse2[C::kRows];      // log2-domain LSE at the end of a segment (-inf: empty)
   float max2[C::kRows];      // log2-domain largest logit at the end of a segment (-inf: empty)
   int row_limit[C::kRows];   // exclusive bound of visible key positions per row
-  int64_t key_offset[C::kKeys];  // element offset of each key's cache row; -1: zero row
+  const void* key_row[C::kKeys];       // each key's row (FP8: its record); null: a zero row
+  const uint8_t* key_scales[C::kKeys];  // FP8 tokens: each key's scales
   int bad;                   // a block-table entry was out of range in this segment
 };
 
@@ -115,6 +119,7 @@ class DecodeCta {
   // goes to `out`/`lse` (partial_slot == kFinalOutput) or to that partial-result slot (planned
   // operations only: without a plan every segment is a whole sequence, written as final rows).
   __device__ void run_segment(int seq, int L, int key_begin, int key_end, int partial_slot) {
+    if constexpr (kFp8Keys<Params>) first_keys_ = c_.lengths.first(seq);
     load_q_and_limits(seq, L);
     reset_state();
     const int tiles_end = tile_keys_end(c_, hk_, tile_ * C::kRows, C::kRows, L, key_end);
@@ -174,64 +179,68 @@ class DecodeCta {
     row_sum_ = 0.f;
   }
 
-  // Steps 1-2 of a key tile: threads 0..kKeys-1 find each key's row (key_offset, -1: none,
+  // Steps 1-2 of a key tile: threads 0..kKeys-1 find each key's row (key_row, null: none,
   // zero-filled and masked in the softmax, never read), then all threads fill the K tile:
   // FP8 tokens dequantized (sparse decode), rows in Elem copied (dense decode, prefill).
   __device__ void load_keys(int seq, int k0, int key_end) {
     if (tid_ < C::kKeys) {
       const int pos = k0 + tid_;
-      sm_.key_offset[tid_] = pos >= key_end ? int64_t{-1} : locate_key(seq, pos);
+      if constexpr (kFp8Keys<Params>) {
+        const Fp8TokenRef token =
+            pos >= key_end ? Fp8TokenRef{nullptr, nullptr} : listed_fp8_token(p_, seq, first_keys_, pos);
+        sm_.key_row[tid_] = token.record;
+        sm_.key_scales[tid_] = token.scales;
+      } else {
+        sm_.key_row[tid_] = pos >= key_end ? nullptr : locate_key(seq, pos);
+      }
     }
     __syncthreads();
     if constexpr (kFp8Keys<Params>) {
-      dequantize_fp8_keys();
+      if (p_.layout == Fp8TokenLayout::kV4) {
+        dequantize_v4_keys();
+      } else {
+        dequantize_fp8_keys();
+      }
     } else {
       copy_keys();
     }
   }
 
-  // Offset of key `pos` of sequence `seq` in the key source (-1: none, never dereferenced).
-  __device__ int64_t locate_key(int seq, int pos) {
+  // The row of key `pos` of sequence `seq` in the key source (null: none, never dereferenced).
+  __device__ const Elem* locate_key(int seq, int pos) {
     if constexpr (kPagedKeys<Params>) {
-      return paged_key_offset(seq, pos);
-    } else if constexpr (kFp8Keys<Params>) {
-      return listed_key_offset(c_, p_.keys, seq, pos);
+      return paged_key_row(seq, pos);
     } else {
-      return row_slot_offset(p_.keys, listed_slot(c_, p_.keys, seq, pos));
+      const int64_t offset = row_slot_offset(p_.keys, listed_slot(c_, p_.keys, seq, pos));
+      return offset < 0 ? nullptr : static_cast<const Elem*>(p_.keys.kv) + offset;
     }
   }
 
   // Dense decode: through the block table. An entry outside the table or [0, num_blocks) sets
   // the segment's `bad` flag (reported as NaN rows) and is never dereferenced.
-  __device__ int64_t paged_key_offset(int seq, int pos) {
+  __device__ const Elem* paged_key_row(int seq, int pos) {
     const PagedCache& cache = p_.cache;
     const int logical = pos / cache.page_size;
     const int32_t block =
         logical < cache.max_blocks_per_seq ? cache.block_table[seq * cache.block_table_stride_b + logical] : -1;
     if (block < 0 || block >= cache.num_blocks) {
       sm_.bad = 1;
-      return -1;
+      return nullptr;
     }
-    return block * cache.kv_stride_block + (pos % cache.page_size) * cache.kv_stride_page + hk_ * cache.kv_stride_h;
+    return static_cast<const Elem*>(cache.kv) + block * cache.kv_stride_block +
+           (pos % cache.page_size) * cache.kv_stride_page + hk_ * cache.kv_stride_h;
   }
 
   // Rows stored in Elem (dense decode: the paged cache; prefill: the listed rows): 16-byte
   // cp.async of the first d_qk columns, zeros elsewhere.
   __device__ void copy_keys() {
-    const void* source;
-    if constexpr (kPagedKeys<Params>) {
-      source = p_.cache.kv;
-    } else {
-      source = p_.keys.kv;
-    }
-    const Elem* kv = static_cast<const Elem*>(source);
     const int stored_chunks = c_.d_qk / C::kChunk;
     for (int c = tid_; c < C::kKeys * C::kChunksPerRow; c += C::kThreads) {
       const int key = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
       Elem* dst = &sm_.k[key][chunk * C::kChunk];
-      const int64_t offset = sm_.key_offset[key];
-      if (offset >= 0 && chunk < stored_chunks) {
-        device::cp_async_16(dst, kv + offset + chunk * C::kChunk);
+      const Elem* row = static_cast<const Elem*>(sm_.key_row[key]);
+      if (row != nullptr && chunk < stored_chunks) {
+        device::cp_async_16(dst, row + chunk * C::kChunk);
       } else {
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
       }
@@ -243,24 +252,15 @@ class DecodeCta {
   // Sparse FP8 decode: valid tokens are dequantized from the 656-byte format into the bf16 K
   // tile (common/fp8_cache_row.h, the same arithmetic as the reference).
   __device__ void dequantize_fp8_keys() {
-    const uint8_t* cache = static_cast<const uint8_t*>(p_.keys.kv);
     constexpr int kNopeChunks = kFp8NopeDim / C::kChunk;
     for (int c = tid_; c < C::kKeys * C::kChunksPerRow; c += C::kThreads) {
       const int key = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
-      const int64_t offset = sm_.key_offset[key];
+      const uint8_t* token = static_cast<const uint8_t*>(sm_.key_row[key]);
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (offset >= 0) {
-        const uint8_t* token = cache + offset;
+      if (token != nullptr) {
         if (chunk < kNopeChunks) {
-          const uint2 q8 = *reinterpret_cast<const uint2*>(token + chunk * C::kChunk);
-          const float scale =
-              *reinterpret_cast<const float*>(token + kFp8ScaleOffset + 4 * (chunk * C::kChunk / kFp8Tile));
-          const uint8_t* b = reinterpret_cast<const uint8_t*>(&q8);
-          uint16_t h[C::kChunk];
-#pragma unroll
-          for (int i = 0; i < C::kChunk; ++i) h[i] = fp8_dequantize(b[i], scale);
-          v = make_uint4(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16), h[4] | (uint32_t(h[5]) << 16),
-                         h[6] | (uint32_t(h[7]) << 16));
+          const float scale = *reinterpret_cast<const float*>(sm_.key_scales[key] + 4 * (chunk * C::kChunk / kFp8Tile));
+          v = dequantized_chunk(token + chunk * C::kChunk, [scale](uint8_t b) { return fp8_dequantize(b, scale); });
         } else {
           v = *reinterpret_cast<const uint4*>(token + kFp8RopeOffset + (chunk - kNopeChunks) * 16);
         }
@@ -268,6 +268,39 @@ class DecodeCta {
       *reinterpret_cast<uint4*>(&sm_.k[key][chunk * C::kChunk]) = v;
     }
     __syncthreads();
+  }
+
+  // Sparse V4 decode: columns 0..447 dequantized with the tile's UE8M0 scale, 448..511 the bf16
+  // RoPE, 512..575 zero (q is zero there too: d_qk 512).
+  __device__ void dequantize_v4_keys() {
+    constexpr int kNopeChunks = kV4NopeDim / C::kChunk, kRowChunks = kV4Dqk / C::kChunk;
+    for (int c = tid_; c < C::kKeys * C::kChunksPerRow; c += C::kThreads) {
+      const int key = c / C::kChunksPerRow, chunk = c % C::kChunksPerRow;
+      const uint8_t* record = static_cast<const uint8_t*>(sm_.key_row[key]);
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (record != nullptr && chunk < kRowChunks) {
+        if (chunk < kNopeChunks) {
+          const float scale = ue8m0_to_float(sm_.key_scales[key][chunk * C::kChunk / kV4Tile]);
+          v = dequantized_chunk(record + chunk * C::kChunk, [scale](uint8_t b) { return v4_dequantize(b, scale); });
+        } else {
+          v = *reinterpret_cast<const uint4*>(record + kV4RopeOffset + (chunk - kNopeChunks) * 16);
+        }
+      }
+      *reinterpret_cast<uint4*>(&sm_.k[key][chunk * C::kChunk]) = v;
+    }
+    __syncthreads();
+  }
+
+  // Eight e4m3 bytes (8-byte aligned) dequantized by `value` into eight bf16 bit patterns.
+  template <typename Dequantize>
+  __device__ static uint4 dequantized_chunk(const uint8_t* bytes, Dequantize value) {
+    const uint2 q8 = *reinterpret_cast<const uint2*>(bytes);
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&q8);
+    uint16_t h[C::kChunk];
+#pragma unroll
+    for (int i = 0; i < C::kChunk; ++i) h[i] = value(b[i]);
+    return make_uint4(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16), h[4] | (uint32_t(h[5]) << 16),
+                      h[6] | (uint32_t(h[7]) << 16));
   }
 
   __device__ uint32_t smem_pair(const Elem* ptr) const {
@@ -304,7 +337,7 @@ class DecodeCta {
     for (int j = 0; j < C::kColsPerSoftmaxThread; ++j) {
       int pos = k0 + col0 + j;
       // Keys never loaded (past the segment, invalid sparse slots) are masked, not just zero.
-      v[j] = pos < limit && sm_.key_offset[col0 + j] >= 0 ? sm_.s[r][col0 + j] * c_.scale_log2 : -INFINITY;
+      v[j] = pos < limit && sm_.key_row[col0 + j] != nullptr ? sm_.s[r][col0 + j] * c_.scale_log2 : -INFINITY;
       tile_max = fmaxf(tile_max, v[j]);
     }
 #pragma unroll
@@ -436,6 +469,7 @@ class DecodeCta {
   DecodeSmem<Elem>& sm_;
   const int tid_, warp_, lane_, tile_, hk_;
   device::MmaFragC acc_[C::kValueTilesPerWarp];
+  int first_keys_ = 0;         // FP8 tokens: the segment's sequence's first-cache keys
   float row_max_ = -INFINITY;  // log2 domain, owned by the 8 softmax threads of a row
   float row_sum_ = 0.f;
 };

@@ -1,6 +1,13 @@
 // Gathering producer of the Hopper sparse FP8 decode: the 128 threads of warpgroup 0 fill the
-// dense decode's 128B-swizzled 64-key bf16 tiles from the listed 656-byte FP8 tokens
-// (common/fp8_cache_row.h), so the consumers run unchanged apart from the valid-slot mask.
+// dense decode's 128B-swizzled 64-key bf16 tiles from the listed FP8 tokens of either layout
+// (kernels/fp8_tokens.cuh), of the first cache and then the second, so the consumers run
+// unchanged apart from the valid-slot mask.
+//
+// DeepSeek V3.2 tokens (656 bytes, common/fp8_cache_row.h), described below. DeepSeek V4 tokens
+// (a 576-byte record and 7 UE8M0 scale bytes, common/fp8_v4_cache_row.h): NoPE slabs 0..6, one
+// scale each (a V4 tile is one slab); the RoPE goes by cp.async into slab 7 (V's last slab: V4's
+// V is the whole row), and slab 8 (K columns 512..575, where Q is zero) is stored as zeros,
+// every tile, since P overwrites it.
 //
 // Thread t serves key t / 2 of each tile and half t % 2 of its bytes. Per tile (slabs 0..3
 // once the stage's low half is free, the rest once its high half is: mla_config.cuh):
@@ -35,25 +42,37 @@
 #include <cstdint>
 
 #include "common/fp8_cache_row.h"
+#include "common/fp8_v4_cache_row.h"
 #include "device/cp_async.cuh"
 #include "device/fp8_convert.cuh"
 #include "device/global_load.cuh"
 #include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
-#include "kernels/sm90/mla_config.cuh"
+#include "kernels/fp8_tokens.cuh"
 #include "kernels/sm90/gather_producer.cuh"
+#include "kernels/sm90/mla_config.cuh"
 
 namespace mlakit::detail::sm90 {
 
-// What an invalid slot reads: a token of zero bytes (e4m3 zeros, scales 0, bf16 zero RoPE).
+// What an invalid slot reads: a token of zero bytes (e4m3 zeros, bf16 zero RoPE; V3.2 scales 0,
+// V4 scale bytes 0, 2^-127: zeros either way), as both its record and its scales.
 // Internal linkage: one per translation unit, zero-initialised in global memory.
 __device__ __align__(device::kCacheLineBytes) const uint8_t kFp8ZeroToken[kFp8TokenBytes] = {};
+static_assert(kFp8TokenBytes >= kV4RecordBytes + kV4ScaleRecordBytes, "the zero token serves V4 too");
 
+template <Fp8TokenLayout kLayout>
 class Fp8GatherProducer {
   using C = Sm90MlaConfig;
-  static_assert(kFp8NopeDim == C::kNopeSlabs * C::kSlabCols, "one quantized slab per V slab");
-  static_assert(kFp8Tile == 2 * C::kSlabCols, "a scale covers two slabs");
+  static constexpr bool kV4 = kLayout == Fp8TokenLayout::kV4;
+  // Slabs of e4m3 values, and the slab the bf16 RoPE is copied into.
+  static constexpr int kQuantizedSlabs = kV4 ? kV4Tiles : C::kNopeSlabs;
+  static constexpr int kRopeSlab = kV4 ? C::kNopeSlabs - 1 : C::kNopeSlabs;
+  static constexpr int kRopeOffset = kV4 ? kV4RopeOffset : kFp8RopeOffset;  // in the record
+  static_assert(kFp8NopeDim == C::kNopeSlabs * C::kSlabCols, "V3.2: one quantized slab per V slab");
+  static_assert(kFp8Tile == 2 * C::kSlabCols, "V3.2: a scale covers two slabs");
+  static_assert(kV4Tile == C::kSlabCols && kV4Dqk == C::kDv, "V4: a scale per slab, the RoPE is V's last slab");
+  static_assert(kRopeSlab >= C::kFirstHighSlab, "the RoPE slab is in the stage's high half");
 
   // Slabs loaded ahead of the one being converted (8 registers each). H200, b=128 h_q=128
   // topk=2048, with the per-slab scale and an L1 prefetch further ahead (both since dropped):
@@ -61,108 +80,138 @@ class Fp8GatherProducer {
   // slower at h_q 64 topk 16384 (docs/kernels/mla_sparse_decode_sm90.md).
   static constexpr int kLookahead = 2;
 
-  // The 32 e4m3 bytes of one thread in one slab (the scale comes from the token's four).
+  // The 32 e4m3 bytes of one thread in one slab (the scale comes from the token's scales).
   struct RawSlab {
     uint4 lo, hi;
   };
 
+  // A token's scales as loaded: V3.2 four float32 (16 bytes), V4 seven UE8M0 bytes (.x, .y).
+  using RawScales = uint4;
+
  public:
   __device__ Fp8GatherProducer(const SparseDecodeParams& p, Sm90MlaSmem& sm, int tile)
-      : p_(p), sm_(sm), cache_(static_cast<const uint8_t*>(p.keys.kv)), tile_(tile), key_(threadIdx.x / 2),
-        half_(threadIdx.x % 2) {}
+      : p_(p), sm_(sm), tile_(tile), key_(threadIdx.x / 2), half_(threadIdx.x % 2) {}
 
-  // The index of a tile's key is loaded two tiles ahead and turned into an offset one tile
-  // ahead (for the L2 prefetch), so no index load latency is waited for in the loop.
+  // The index of a tile's key is loaded two tiles ahead and turned into a token one tile
+  // ahead (for the L2 prefetch), so no index load latency is waited for in the loop. Keys
+  // below the sequence's first-cache length list first-cache slots, the rest second-cache ones.
   __device__ void run_segment(int seq, int L, int key_begin, int key_end) {
     const int tiles = segment_tiles(p_.core, 0, tile_, L, key_begin, key_end);
     if (tiles == 0) return;
+    const int first = p_.core.lengths.first(seq);
     const int32_t* listed = p_.keys.indices + seq_offset(p_.core, seq, p_.keys.indices_stride_b, p_.keys.indices_stride_s);
+    const int32_t* extra_listed =
+        p_.extra_keys.indices == nullptr
+            ? nullptr
+            : p_.extra_keys.indices +
+                  seq_offset(p_.core, seq, p_.extra_keys.indices_stride_b, p_.extra_keys.indices_stride_s) - first;
+    // (key, the slot it lists): the key decides the cache.
     auto slot_of_tile = [&](int i) {
       const int key = key_begin + i * C::kKeys + key_;
-      return device::load_s32_or(listed + key, i < tiles && key < key_end, -1);
+      return device::load_s32_or(key < first ? listed + key : extra_listed + key, i < tiles && key < key_end, -1);
     };
-    int64_t offset = slot_offset(p_.keys, slot_of_tile(0));
+    auto token_of_tile = [&](int i, int32_t slot) {
+      const int key = key_begin + i * C::kKeys + key_;
+      return fp8_token_at(key < first ? p_.keys : p_.extra_keys, kLayout, slot);
+    };
+    Fp8TokenRef current = token_of_tile(0, slot_of_tile(0));
     // The loop prefetches each next tile's tokens into L2; the first tile's too, so that its
     // slabs 2..7 do not each wait for DRAM behind the two-slab lookahead.
-    prefetch_token_l2(token(offset));
+    prefetch_token_l2(or_zero(current));
     int32_t next_slot = slot_of_tile(1);
     RawSlab raw[kLookahead];
-    float4 scales = load_scales(token(offset));
+    RawScales scales = load_scales(or_zero(current));
 #pragma unroll
-    for (int k = 0; k < kLookahead; ++k) raw[k] = load_slab(token(offset), k);
+    for (int k = 0; k < kLookahead; ++k) raw[k] = load_slab(or_zero(current).record, k);
     for (int i = 0; i < tiles; ++i) {
       const int32_t after_slot = slot_of_tile(i + 2);  // first used in the next iteration
-      const int64_t next = slot_offset(p_.keys, next_slot);
-      prefetch_token_l2(token(next));
-      fill_tile(i % C::kStages, offset, next, raw, scales);
-      offset = next;
+      const Fp8TokenRef next = token_of_tile(i + 1, next_slot);
+      prefetch_token_l2(or_zero(next));
+      fill_tile(i % C::kStages, current, next, raw, scales);
+      current = next;
       next_slot = after_slot;
     }
   }
 
  private:
-  // The bytes of the token at cache byte offset `offset`, or the zero token (offset -1).
-  __device__ const uint8_t* token(int64_t offset) const { return offset >= 0 ? cache_ + offset : kFp8ZeroToken; }
-
-  // The token's four scales: one 16-byte load per token and tile.
-  __device__ float4 load_scales(const uint8_t* token) const {
-    const uint4 v = device::load_nc_16(token + kFp8ScaleOffset);
-    return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+  // The token, or the zero token for none (record null).
+  __device__ static Fp8TokenRef or_zero(const Fp8TokenRef& t) {
+    return t.record != nullptr ? t : Fp8TokenRef{kFp8ZeroToken, kFp8ZeroToken};
   }
 
-  // The thread's bytes of slab k: the loads stay in flight until the slab converts.
-  __device__ RawSlab load_slab(const uint8_t* token, int k) const {
-    const uint8_t* src = token + k * C::kSlabCols + half_ * 32;
-    return RawSlab{device::load_nc_16(src), device::load_nc_16(src + 16)};
-  }
-
-  // The scale of slab k (compile-time k) among a token's four.
-  __device__ static float slab_scale(const float4& scales, int k) {
-    const int tile = k / 2;
-    return tile == 0 ? scales.x : tile == 1 ? scales.y : tile == 2 ? scales.z : scales.w;
-  }
-
-  // The 128-byte lines of a token (16-byte aligned: up to 6 lines) into L2, three per thread of
-  // the key's pair: byte offsets 128j, and the last byte for the last line.
-  __device__ void prefetch_token_l2(const uint8_t* token) const {
-#pragma unroll
-    for (int j = 0; j < 3; ++j) {
-      const int line = 3 * half_ + j;
-      device::prefetch_l2(token + (line < 5 ? device::kCacheLineBytes * line : kFp8TokenBytes - 1));
+  // The token's scales: one load per token and tile (V3.2 16 bytes, V4 8).
+  __device__ static RawScales load_scales(const Fp8TokenRef& t) {
+    if constexpr (kV4) {
+      const uint2 v = device::load_nc_8(t.scales);
+      return make_uint4(v.x, v.y, 0, 0);
+    } else {
+      return device::load_nc_16(t.scales);
     }
   }
 
-  // Fills the tile of `offset` into `stage`; on return raw holds the first slabs of the token
-  // at `next` (the next tile's key of this thread) and scales that token's scales.
-  __device__ void fill_tile(int stage, int64_t offset, int64_t next, RawSlab (&raw)[kLookahead], float4& scales) {
+  // The thread's bytes of slab k: the loads stay in flight until the slab converts.
+  __device__ RawSlab load_slab(const uint8_t* record, int k) const {
+    const uint8_t* src = record + k * C::kSlabCols + half_ * 32;
+    return RawSlab{device::load_nc_16(src), device::load_nc_16(src + 16)};
+  }
+
+  // The scale of slab k (compile-time k): V3.2 tile k / 2's float32, V4 byte k as 2^(byte - 127).
+  __device__ static float slab_scale(const RawScales& scales, int k) {
+    if constexpr (kV4) {
+      const uint32_t word = k < 4 ? scales.x : scales.y;
+      return ue8m0_to_float(static_cast<uint8_t>(word >> (8 * (k % 4))));
+    } else {
+      const int tile = k / 2;
+      return __uint_as_float(tile == 0 ? scales.x : tile == 1 ? scales.y : tile == 2 ? scales.z : scales.w);
+    }
+  }
+
+  // The 128-byte lines of a token into L2 (16-byte aligned: a V3.2 token spans up to 6 lines, a
+  // V4 record up to 6 and its scales one more), split between the key's two threads: byte
+  // offsets 128j, the last byte for the last line.
+  __device__ void prefetch_token_l2(const Fp8TokenRef& t) const {
+    constexpr int kBytes = kV4 ? kV4RecordBytes : kFp8TokenBytes;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      const int line = 3 * half_ + j;
+      device::prefetch_l2(t.record + (line < 5 ? device::kCacheLineBytes * line : kBytes - 1));
+    }
+    if (kV4 && half_ == 1) device::prefetch_l2(t.scales);
+  }
+
+  // Fills the tile of token `current` into `stage`; on return raw holds the first slabs of the
+  // token `next` (the next tile's key of this thread) and scales that token's scales.
+  __device__ void fill_tile(int stage, const Fp8TokenRef& current, const Fp8TokenRef& next, RawSlab (&raw)[kLookahead],
+                            RawScales& scales) {
     namespace dev = mlakit::device::sm90;
-    const uint8_t* bytes = token(offset);
-    const uint8_t* next_bytes = token(next);
-    const float4 next_scales = load_scales(next_bytes);
-    const uint32_t ballot = __ballot_sync(0xffffffffu, offset >= 0);
+    const uint8_t* bytes = or_zero(current).record;
+    const uint8_t* next_bytes = or_zero(next).record;
+    const RawScales next_scales = load_scales(or_zero(next));
+    const uint32_t ballot = __ballot_sync(0xffffffffu, current.record != nullptr);
     const uint32_t parity = ((phases_ >> stage) & 1u) ^ 1u;
     phases_ ^= 1u << stage;
     dev::mbarrier_wait(&sm_.empty[stage][C::kLowSlabs], parity);
     MLAKIT_SM90_STAMP(kProducerStageLowFree);
     publish_valid_mask(sm_, stage, key_mask_of_lane_pairs(ballot));  // read before the low half's release, too
 #pragma unroll
-    for (int k = 0; k < C::kNopeSlabs; ++k) {
+    for (int k = 0; k < kQuantizedSlabs; ++k) {
       if (k == C::kFirstHighSlab) {
-        // The stage's other half (slabs 4..8) is free too: RoPE first (slab 8, by cp.async).
+        // The stage's other half (slabs 4..8) is free too: RoPE first (by cp.async).
         dev::mbarrier_wait(&sm_.empty[stage][C::kHighSlabs], parity);
         MLAKIT_SM90_STAMP(kProducerStageHighFree);
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int chunk = 4 * half_ + c;
-          device::cp_async_16(&sm_.kv[stage][C::kNopeSlabs][dev::sw128_offset(key_, chunk)],
-                              bytes + kFp8RopeOffset + chunk * 16);
+          device::cp_async_16(&sm_.kv[stage][kRopeSlab][dev::sw128_offset(key_, chunk)],
+                              bytes + kRopeOffset + chunk * 16);
         }
-        device::cp_async_mbarrier_arrive_noinc(&sm_.full[stage][C::kNopeSlabs]);
+        device::cp_async_mbarrier_arrive_noinc(&sm_.full[stage][C::kGatheredTileBarrier]);
+        if constexpr (kV4) store_zero_slab(stage, C::kSlabs - 1);
       }
       // Slab k + kLookahead: of this tile, or of the next one.
       const int ahead = k + kLookahead;
       const RawSlab loaded =
-          ahead < C::kNopeSlabs ? load_slab(bytes, ahead) : load_slab(next_bytes, ahead - C::kNopeSlabs);
+          ahead < kQuantizedSlabs ? load_slab(bytes, ahead) : load_slab(next_bytes, ahead - kQuantizedSlabs);
       store_dequantized(stage, k, raw[0], slab_scale(scales, k));
 #pragma unroll
       for (int j = 0; j + 1 < kLookahead; ++j) raw[j] = raw[j + 1];
@@ -174,6 +223,14 @@ class Fp8GatherProducer {
     if (threadIdx.x % dev::kWarpSize == 0) dev::mbarrier_arrive(&sm_.full[stage][C::kGatheredTileBarrier]);
     MLAKIT_SM90_STAMP(kProducerTileIssued);  // here: the last slab converted
     scales = next_scales;
+  }
+
+  // Zeros into the thread's chunks 4 half .. 4 half + 3 of its key's row of slab k.
+  __device__ void store_zero_slab(int stage, int k) {
+    namespace dev = mlakit::device::sm90;
+    const uint32_t row = dev::smem_u32(&sm_.kv[stage][k][key_ * dev::kSwizzleRowBytes]);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) dev::st_shared_16(row + dev::sw128_chunk_offset(key_, 4 * half_ + c), make_uint4(0, 0, 0, 0));
   }
 
   // The thread's 32 values of slab k, dequantized, into chunks 4 half .. 4 half + 3 of its
@@ -194,7 +251,6 @@ class Fp8GatherProducer {
 
   const SparseDecodeParams& p_;
   Sm90MlaSmem& sm_;
-  const uint8_t* cache_;
   const int tile_, key_, half_;
   uint32_t phases_ = 0;  // bit s: parity of stage s's current lap (kept across segments)
 };

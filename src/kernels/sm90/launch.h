@@ -65,9 +65,9 @@ cudaError_t launch_mla_decode_sm90(const DenseDecodeParams& params, const CUtens
 cudaError_t launch_mla_sparse_prefill_sm90(const SparsePrefillParams& params, const CUtensorMap* q_map,
                                            cudaStream_t stream);
 
-// Sparse FP8 decode (grid: 64-row tiles x 1 x num_parts of the sparse plan): the 656-byte
-// tokens listed by params.indices, dequantized into bf16 tiles; the dispatch starts the
-// combine after it.
+// Sparse FP8 decode (grid: 64-row tiles x 1 x num_parts of the sparse plan): the tokens (of
+// params.layout) listed by the index lists of params.keys and params.extra_keys, dequantized
+// into bf16 tiles; the dispatch starts the combine after it.
 // q_map (make_q_tensor_map with h_q heads per kv head): the Q tiles by TMA; nullptr: cp.async.
 cudaError_t launch_mla_sparse_decode_sm90(const SparseDecodeParams& params, const CUtensorMap* q_map,
                                           cudaStream_t stream);

@@ -1,6 +1,6 @@
 // Hopper (sm_90a) sparse FP8 MLA decode: the dense decode's split-KV walk and seesaw
 // consumers over tiles that the FP8 gathering producer (fp8_gather_producer.cuh) dequantizes
-// from each (batch entry, query token)'s index list. Grid (row tiles, 1, num_parts) of the
+// from each (batch entry, query token)'s index lists, for a token layout (V3.2 or V4). Grid (row tiles, 1, num_parts) of the
 // sparse plan, 384 threads, one CTA per SM; partial results go to the dense decode's combine.
 // q_map (q_by_tma): the dense decode's map over q, each segment's Q tile by TMA; else cp.async.
 #pragma once
@@ -27,6 +27,7 @@ struct SparseDecodeConsumer {
   static constexpr bool kMaxLogits = false;
 };
 
+template <Fp8TokenLayout kLayout>
 __global__ void __launch_bounds__(Sm90MlaConfig::kThreads, 1)
     mla_sparse_decode_sm90_kernel(const __grid_constant__ SparseDecodeParams p, const __grid_constant__ CUtensorMap q_map,
                                   const bool q_by_tma) {
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(Sm90MlaConfig::kThreads, 1)
   const PartRange& range = p.schedule.part_ranges[blockIdx.z];
   if (threadIdx.x < dev::kWarpgroupThreads) {  // warpgroup 0: the producer
     dev::setmaxnreg_dec<C::kFp8ProducerRegs>();
-    Fp8GatherProducer producer(p, sm, blockIdx.x);
+    Fp8GatherProducer<kLayout> producer(p, sm, blockIdx.x);
     for_each_segment(p.core, p.schedule, range, [&](int seq, int L, int key_begin, int key_end, int) {
       producer.run_segment(seq, L, key_begin, key_end);
     });
