@@ -234,7 +234,8 @@ TEST(MlaSparseDecodeValidation, CausalAndHostPointersAndPlanMismatch) {
   other.sparse_topk = 128;
   s = mla_sparse_decode_fp8(args, other, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("plan: expected a plan for topk = 64 (mla_sparse_decode_plan), got a plan for topk = 128"),
+  EXPECT_NE(s.message().find("plan: expected a plan for topk = 64, extra_topk = 0 (mla_sparse_decode_plan), got a plan "
+                             "for topk = 128, extra_topk = 0"),
             std::string::npos)
       << s.message();
   // topk_length at the decode but not at the plan, and the other way round.

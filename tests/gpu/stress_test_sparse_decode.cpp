@@ -27,7 +27,7 @@ namespace {
 using stress::CaseRng;
 
 constexpr uint64_t kSalt = 0x5ba75e;
-// Float64 multiply-adds of a random case's reference (b * s_q * h_q * topk * 1088), about
+// Float64 multiply-adds of a random case's reference (b * s_q * h_q * keys * 1088), about
 // 0.1 s on one core: it bounds topk of the larger random problems.
 constexpr double kReferenceBudget = 1e8;
 constexpr int64_t kMaxRandomTokens = 16384;  // cache tokens of a random case
@@ -47,6 +47,11 @@ struct SparseCase {
     std::ostringstream s;
     s << "case " << index << " (b" << spec.b << "_sq" << spec.s_q << "_hq" << spec.h_q << "_topk" << spec.topk
       << "_page" << spec.page_size << "_blocks" << spec.num_blocks << (spec.with_topk_length ? "_len" : "")
+      << (spec.v4 ? "_v4" : "");
+    if (spec.extra_topk > 0) {
+      s << "_extra" << spec.extra_topk << "_page" << spec.extra_page_size << (spec.with_extra_topk_length ? "_len" : "");
+    }
+    s
       << (spec.with_sink ? "_sink" : "") << (distinct_per_sequence ? "_distinct" : "") << "_seed" << spec.seed
       << ")";
     return s.str();
@@ -58,6 +63,19 @@ SparseCase make_case(int64_t b, int s_q, int h_q, int topk, int64_t page, int64_
   return SparseCase{{.b = b, .s_q = s_q, .h_q = h_q, .topk = topk, .num_blocks = num_blocks, .page_size = page,
                      .with_topk_length = with_length, .with_sink = with_sink, .seed = seed},
                     expect};
+}
+
+// A DeepSeek V4 case: topk over a cache of `page` tokens per block (2 * topk tokens), and
+// extra_topk (0: none) over a second cache of `extra_page`, lengths on both.
+SparseCase v4_case(int64_t b, int s_q, int h_q, int topk, int64_t page, int extra_topk, int64_t extra_page,
+                   Expect expect, uint64_t seed) {
+  SparseCase c = make_case(b, s_q, h_q, topk, page, (2 * topk + page - 1) / page, true, true, expect, seed);
+  c.spec.v4 = true;
+  c.spec.extra_topk = extra_topk;
+  c.spec.extra_page_size = extra_page;
+  c.spec.extra_num_blocks = (2 * std::max(extra_topk, 64) + extra_page - 1) / extra_page;
+  c.spec.with_extra_topk_length = extra_topk > 0;
+  return c;
 }
 
 // Sequences of topk 128 (two key blocks) that the plan lays out two whole ones per part, no
@@ -91,6 +109,9 @@ std::vector<SparseCase> coverage_cases(MlaKernel kernel) {
       make_case(whole / 2, 2, 64, 128, 64, 20, false, false, Expect::kWholeParts, 8),
       make_case(1, 2, 16, 4096, 32, 200, true, false, Expect::kAny, 9),  // token 0 lists nothing valid
       make_case(5, 2, 32, 65, 16, 12, false, true, Expect::kSplit, 10),
+      v4_case(2, 2, 64, 128, 256, 512, 64, Expect::kAny, 11),  // FlashMLA's V4 shape, small b
+      v4_case(3, 1, 128, 2048, 64, 0, 64, Expect::kSplit, 12),
+      v4_case(4, 4, 16, 64, 2, 1024, 2, Expect::kAny, 13),
   };
 }
 
@@ -111,6 +132,14 @@ SparseCase random_case(int index) {
   s.num_blocks = (tokens + s.page_size - 1) / s.page_size;
   s.with_topk_length = r.chance(0.4);
   s.with_sink = r.chance(0.4);
+  s.v4 = r.chance(0.4);
+  if (r.chance(0.4)) {  // a second cache: its own page size and (part of the key budget) topk
+    s.extra_topk = r.uniform(1, std::max(1, s.topk / 2));
+    s.extra_page_size = r.pick({1, 2, 61, 64, 69, 576});
+    s.extra_num_blocks = (std::clamp<int64_t>(2 * s.extra_topk, 64, kMaxRandomTokens) + s.extra_page_size - 1) /
+                         s.extra_page_size;
+    s.with_extra_topk_length = r.chance(0.5);
+  }
   s.seed = r.seed();
   return c;
 }
@@ -129,7 +158,7 @@ void list_distinct_tokens_per_sequence(support::HostSparseCase* c) {
     for (int t = 0; t < s.s_q; ++t) {
       std::iota(positions.begin(), positions.end(), 0);
       std::shuffle(positions.begin(), positions.end(), rng);
-      int32_t* row = c->indices.data() + (i * s.s_q + t) * s.topk;
+      int32_t* row = c->main.indices.data() + (i * s.s_q + t) * s.topk;
       for (int k = 0; k < s.topk; ++k) {
         const int32_t pos = positions[k];
         row[k] = static_cast<int32_t>(table[i * blocks_per_seq + pos / s.page_size] * s.page_size + pos % s.page_size);
@@ -149,13 +178,19 @@ void run_case(const SparseCase& sc, const std::string& name, MlaKernel kernel, s
   const support::SparseReferenceResult ref = support::run_sparse_reference(hc);
   ASSERT_FALSE(stress::has_nan(ref.out) || stress::has_nan(ref.lse)) << name << ": the reference has NaN";
 
+  // Optional inputs get a buffer of at least one element (not read when the spec has none).
+  auto upload = [](const auto& host) {
+    DeviceBuffer d(std::max<size_t>(host.size() * sizeof(host[0]), 16));
+    if (!host.empty()) d.upload(host.data(), host.size() * sizeof(host[0]));
+    return d;
+  };
   DeviceBuffer q(hc.q), cache(hc.main.bytes), indices(hc.main.indices), out(hc.out_elems() * 2), lse(hc.lse_elems() * 4);
-  DeviceBuffer topk_length(std::max<size_t>(hc.main.lengths.size(), 1) * 4);
-  DeviceBuffer sink(std::max<size_t>(hc.sink.size(), 1) * 4);
-  if (!hc.main.lengths.empty()) topk_length.upload(hc.main.lengths.data(), hc.main.lengths.size() * 4);
-  if (!hc.sink.empty()) sink.upload(hc.sink.data(), hc.sink.size() * 4);
-  const MlaSparseDecodeArgs args = hc.args(q.get(), cache.get(), indices.get(), topk_length.get(), sink.get(),
-                                           out.get(), DType::kBF16, lse.get());
+  DeviceBuffer topk_length = upload(hc.main.lengths), sink = upload(hc.sink);
+  DeviceBuffer extra_cache = upload(hc.extra.bytes), extra_indices = upload(hc.extra.indices),
+               extra_lengths = upload(hc.extra.lengths);
+  MlaSparseDecodeArgs args = hc.args(q.get(), cache.get(), indices.get(), topk_length.get(), sink.get(), out.get(),
+                                     DType::kBF16, lse.get());
+  hc.with_extra(&args, extra_cache.get(), extra_indices.get(), extra_lengths.get());
   MlaSparseDecodeProblem problem = hc.problem();
   problem.kernel = kernel;
   std::size_t bytes = 0;
@@ -163,7 +198,7 @@ void run_case(const SparseCase& sc, const std::string& name, MlaKernel kernel, s
   ASSERT_TRUE(s) << name << ": " << s.to_string();
   DeviceBuffer workspace(bytes);
   MlaDecodePlan plan;
-  s = mla_sparse_decode_plan(problem, args.topk_length, workspace.get(), bytes, nullptr, &plan);
+  s = mla_sparse_decode_plan(problem, args.topk_length, args.extra_topk_length, workspace.get(), bytes, nullptr, &plan);
   ASSERT_TRUE(s) << name << ": " << s.to_string();
   ASSERT_EQ(plan.kernel, kernel) << name;
   const bool split = stress::plan_splits(plan);
