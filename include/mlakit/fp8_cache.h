@@ -43,4 +43,44 @@ Status dequantize_mla_cache_fp8(const TensorRef& src, const TensorRef& dst);
 Status append_mla_cache_fp8(const TensorRef& tokens, const TensorRef& slots, const TensorRef& cache);
 }  // namespace reference
 
+// ---------------------------------------------------------------------------------------------
+// DeepSeek V4's FP8 MLA cache (docs/contract.md, "DeepSeek V4 FP8 cache"): 584 bytes per token,
+// kept per page block. A block of page_size tokens holds page_size records of 576 bytes (448
+// float8 e4m3 NoPE values in 7 tiles of 64, then 64 bf16 RoPE values), then page_size scale
+// records of 8 bytes (7 UE8M0 tile scales, 2^(byte - 127), and one unused byte written 0).
+// Blocks lie stride[0] bytes apart (FlashMLA pads a block to a multiple of 576 bytes); the
+// tools never write the padding.
+//
+// A tile's scale is 2^ceil(log2(max(max|x| / 448, 1e-4))) (NaN values ignored; an infinite
+// value gives 2^127); stored = e4m3(x / scale); dequantized = float(stored) * scale.
+// GPU and CPU versions are bit-identical.
+//
+// A cache tensor is [num_blocks, page_size, 1, 584] of uint8 (or float8_e4m3 / int8) with
+// stride[1] == 584 (a view, not an address step: records and scale records are separate
+// arrays of the block), stride[0] >= page_size * 584 and a multiple of 16, 16-byte aligned.
+
+inline constexpr int kMlaFp8V4TokenBytes = 584;
+inline constexpr int kMlaFp8V4Dqk = 512;  // 448 NoPE + 64 RoPE values of a token
+
+// src: bf16 [num_blocks, page_size, 1, 512] or [num_blocks, page_size, 512] (device; any block
+// and token strides, last dimension contiguous, rows 16-byte aligned); dst: a V4 cache of the
+// same num_blocks and page_size (device).
+Status quantize_mla_cache_fp8_v4(const TensorRef& src, const TensorRef& dst, cudaStream_t stream);
+
+// src: a V4 cache; dst: bf16 [num_blocks, page_size, 1, 512] or [num_blocks, page_size, 512].
+Status dequantize_mla_cache_fp8_v4(const TensorRef& src, const TensorRef& dst, cudaStream_t stream);
+
+// Writes n new tokens into a V4 cache: tokens [n, 512] bf16, slots [n] int32 (slot = block *
+// page_size + offset; -1 and out-of-range slots are skipped). Only the tokens' records and
+// scale records are written.
+Status append_mla_cache_fp8_v4(const TensorRef& tokens, const TensorRef& slots, const TensorRef& cache,
+                               cudaStream_t stream);
+
+namespace reference {
+// The same three operations on host memory.
+Status quantize_mla_cache_fp8_v4(const TensorRef& src, const TensorRef& dst);
+Status dequantize_mla_cache_fp8_v4(const TensorRef& src, const TensorRef& dst);
+Status append_mla_cache_fp8_v4(const TensorRef& tokens, const TensorRef& slots, const TensorRef& cache);
+}  // namespace reference
+
 }  // namespace mlakit

@@ -1,4 +1,5 @@
-// GPU entry points of the FP8 MLA cache tools: validation, then one launch.
+// GPU entry points of the FP8 MLA cache tools (the V3.2 and the V4 cache): validation, then one
+// launch.
 #include "mlakit/fp8_cache.h"
 
 #include <initializer_list>
@@ -7,8 +8,10 @@
 #include "common/fp8_cache_row.h"
 #include "host/device.h"
 #include "host/fp8_cache_args.h"
+#include "host/fp8_v4_cache_args.h"
 #if MLAKIT_WITH_CUDA
 #include "dispatch/fp8_cache_dispatch.h"
+#include "dispatch/fp8_v4_cache_dispatch.h"
 #endif
 
 namespace mlakit {
@@ -69,6 +72,49 @@ Status append_mla_cache_fp8(const TensorRef& tokens, const TensorRef& slots, con
       device_and_pointers(kOp, {{"tokens", tokens.data}, {"slots", slots.data}, {"cache", cache.data}}, &device));
 #if MLAKIT_WITH_CUDA
   return detail::dispatch_append_mla_fp8(kOp, a, stream);
+#else
+  (void)stream;
+  return detail::built_without_cuda(kOp);
+#endif
+}
+
+namespace {
+
+// quantize_mla_cache_fp8_v4 and dequantize_mla_cache_fp8_v4: one path, the direction apart.
+Status convert_v4(const char* op, detail::V4Convert direction, const TensorRef& src, const TensorRef& dst,
+                  cudaStream_t stream) {
+  detail::V4ConvertArgs a;
+  MLAKIT_RETURN_IF_ERROR(detail::validate_v4_convert(op, direction, src, dst, &a));
+  int device = 0;
+  MLAKIT_RETURN_IF_ERROR(device_and_pointers(op, {{"src", src.data}, {"dst", dst.data}}, &device));
+#if MLAKIT_WITH_CUDA
+  return detail::dispatch_convert_mla_fp8_v4(op, direction, a, stream);
+#else
+  (void)stream;
+  return detail::built_without_cuda(op);
+#endif
+}
+
+}  // namespace
+
+Status quantize_mla_cache_fp8_v4(const TensorRef& src, const TensorRef& dst, cudaStream_t stream) {
+  return convert_v4("quantize_mla_cache_fp8_v4", detail::V4Convert::kQuantize, src, dst, stream);
+}
+
+Status dequantize_mla_cache_fp8_v4(const TensorRef& src, const TensorRef& dst, cudaStream_t stream) {
+  return convert_v4("dequantize_mla_cache_fp8_v4", detail::V4Convert::kDequantize, src, dst, stream);
+}
+
+Status append_mla_cache_fp8_v4(const TensorRef& tokens, const TensorRef& slots, const TensorRef& cache,
+                               cudaStream_t stream) {
+  constexpr const char* kOp = "append_mla_cache_fp8_v4";
+  detail::V4AppendArgs a;
+  MLAKIT_RETURN_IF_ERROR(detail::validate_v4_append(kOp, tokens, slots, cache, &a));
+  int device = 0;
+  MLAKIT_RETURN_IF_ERROR(
+      device_and_pointers(kOp, {{"tokens", tokens.data}, {"slots", slots.data}, {"cache", cache.data}}, &device));
+#if MLAKIT_WITH_CUDA
+  return detail::dispatch_append_mla_fp8_v4(kOp, a, stream);
 #else
   (void)stream;
   return detail::built_without_cuda(kOp);

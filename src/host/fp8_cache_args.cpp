@@ -57,17 +57,22 @@ Status validate_fp8_convert(const char* op, const TensorRef& src, DType src_dtyp
   return check_outputs(op, {{"dst", dst}}, {{"src", src}});
 }
 
-Status validate_fp8_append(const char* op, const TensorRef& tokens, const TensorRef& slots, const TensorRef& cache,
-                           Fp8AppendArgs* out) {
+Status validate_append_tokens(const char* op, const TensorRef& tokens, const TensorRef& slots, int64_t row_len,
+                              TensorRows* rows) {
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "tokens", tokens));
   MLAKIT_RETURN_IF_ERROR(check_rank(op, "tokens", tokens, 2));
-  MLAKIT_RETURN_IF_ERROR(tensor_rows(op, "tokens", tokens, DType::kBF16, kFp8NopeDim + kFp8RopeDim, &out->tokens));
+  MLAKIT_RETURN_IF_ERROR(tensor_rows(op, "tokens", tokens, DType::kBF16, row_len, rows));
   MLAKIT_RETURN_IF_ERROR(check_row_alignment(op, "tokens", tokens, 16));
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "slots", slots));
   MLAKIT_RETURN_IF_ERROR(check_dtype(op, "slots", slots, {DType::kInt32}));
   MLAKIT_RETURN_IF_ERROR(check_rank(op, "slots", slots, 1));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, "slots", slots, 0, "n", tokens.shape[0]));
-  MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, "slots", slots));
+  return check_last_dim_contiguous(op, "slots", slots);
+}
+
+Status validate_fp8_append(const char* op, const TensorRef& tokens, const TensorRef& slots, const TensorRef& cache,
+                           Fp8AppendArgs* out) {
+  MLAKIT_RETURN_IF_ERROR(validate_append_tokens(op, tokens, slots, kFp8NopeDim + kFp8RopeDim, &out->tokens));
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, "cache", cache));
   MLAKIT_RETURN_IF_ERROR(check_dtype(op, "cache", cache, {DType::kUInt8, DType::kFP8E4M3, DType::kInt8}));
   MLAKIT_RETURN_IF_ERROR(check_rank(op, "cache", cache, 4));

@@ -18,6 +18,11 @@ Status validate_fp8_convert(const char* op, const TensorRef& src, DType src_dtyp
                             const TensorRef& dst, DType dst_dtype, int64_t dst_len, TensorRows* src_rows,
                             TensorRows* dst_rows);
 
+// The tokens [n, row_len] bf16 (rows 16-byte aligned) and slots [n] int32 of a paged append
+// (the V3.2 and V4 caches' appends).
+Status validate_append_tokens(const char* op, const TensorRef& tokens, const TensorRef& slots, int64_t row_len,
+                              TensorRows* rows);
+
 Status validate_fp8_append(const char* op, const TensorRef& tokens, const TensorRef& slots, const TensorRef& cache,
                            Fp8AppendArgs* out);
 
