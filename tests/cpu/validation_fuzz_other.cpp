@@ -1,7 +1,8 @@
-// Fuzz drivers of the sparse prefill, the FP8 cache tools (GPU entry points and references),
-// make_tensor and reference::merge_states.
+// Fuzz drivers of the sparse prefill, the FP8 cache tools of V3.2 and V4 (GPU entry points and
+// references), make_tensor and reference::merge_states.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -140,6 +141,73 @@ void run_fp8_append(Rng& rng, Recorder& rec, int64_t index, bool reference) {
       });
 }
 
+// The V4 cache's own layout (fp8_cache.h), beyond the generic contract: [num_blocks, page_size,
+// 1, 584] with 1 <= page_size, stride[1] 584, blocks at least page_size * 584 bytes and a
+// multiple of 16 apart, the data 16-byte aligned.
+void check_v4_cache_layout(const Arg& arg, std::vector<Violation>* v) {
+  const TensorRef& t = arg.ref;
+  const std::string& n = arg.spec.name;
+  if (t.rank != 4) return;  // the generic contract's rank rule reports it
+  if (t.shape[1] < 1) problem_violation(n + ".shape[1] (page_size)", t.shape[1], v);
+  if (std::any_of(t.shape, t.shape + 4, [](int64_t d) { return d == 0; })) return;
+  if (t.stride[1] != 584) v->push_back({"stride", n + ".stride[1] = " + std::to_string(t.stride[1]) + " accepted"});
+  if (t.shape[0] > 1 && (t.stride[0] < t.shape[1] * 584 || t.stride[0] % 16 != 0)) {
+    v->push_back({"stride", n + ".stride[0] = " + std::to_string(t.stride[0]) + ": blocks overlap or misaligned, accepted"});
+  }
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) v->push_back({"alignment", n + ": misaligned data accepted"});
+}
+
+// The V4 cache tools: quantize (bf16 [blocks, page, (1,) 512] -> a V4 cache), dequantize (the
+// reverse), append (tokens [n, 512], slots [n] -> a V4 cache in place).
+enum class V4Tool { kQuantize, kDequantize, kAppend };
+
+void run_fp8_v4(Rng& rng, Recorder& rec, int64_t index, V4Tool tool, bool reference) {
+  using enum V4Tool;
+  Symbols s{{"blocks", rng.size(0, 3)}, {"page", rng.size(1, 8)}, {"n", rng.size(0, 4)}};
+  int64_t slots = 0;
+  if (__builtin_mul_overflow(s.at("blocks"), s.at("page"), &slots)) slots = INT32_MAX;
+  std::vector<Dim> rows_dims = {sym("blocks"), sym("page"), fixed(1), fixed(512)};
+  if (rng.chance(0.5)) rows_dims.erase(rows_dims.begin() + 2);  // [blocks, page, 512]
+  const TensorSpec rows{.name = tool == kQuantize ? "src" : "dst", .dims = rows_dims, .dtypes = {kBF16},
+                        .output = tool == kDequantize, .fill = tool == kQuantize ? Fill::kHalf : Fill::kPoison};
+  const TensorSpec cache{.name = tool == kQuantize ? "dst" : tool == kDequantize ? "src" : "cache",
+                         .dims = {sym("blocks"), sym("page"), fixed(1), fixed(584)},
+                         .dtypes = {kUInt8, kFP8E4M3, kInt8}, .output = tool != kDequantize, .fill = Fill::kFp8Tokens};
+  const char* name = tool == kQuantize     ? "quantize_mla_cache_fp8_v4"
+                     : tool == kDequantize ? "dequantize_mla_cache_fp8_v4"
+                                           : "append_mla_cache_fp8_v4";
+  FuzzCase c{.op = std::string(reference ? "reference::" : "") + name, .host_memory = reference};
+  if (tool == kQuantize) c.args = make_args(rng, {rows, cache}, s);
+  if (tool == kDequantize) c.args = make_args(rng, {cache, rows}, s);
+  if (tool == kAppend) {
+    c.args = make_args(rng,
+                       {{.name = "tokens", .dims = {sym("n"), fixed(512)}, .dtypes = {kBF16}},
+                        {.name = "slots", .dims = {sym("n")}, .dtypes = {kInt32}, .fill = Fill::kIndex, .index_below = slots},
+                        cache},
+                       s);
+  }
+  const std::vector<Arg>& a = c.args;
+  call_and_check(
+      rng, rec, index, c,
+      [&] {
+        switch (tool) {
+          case kQuantize:
+            return reference ? reference::quantize_mla_cache_fp8_v4(a[0].ref, a[1].ref)
+                             : quantize_mla_cache_fp8_v4(a[0].ref, a[1].ref, nullptr);
+          case kDequantize:
+            return reference ? reference::dequantize_mla_cache_fp8_v4(a[0].ref, a[1].ref)
+                             : dequantize_mla_cache_fp8_v4(a[0].ref, a[1].ref, nullptr);
+          case kAppend:
+            break;
+        }
+        return reference ? reference::append_mla_cache_fp8_v4(a[0].ref, a[1].ref, a[2].ref)
+                         : append_mla_cache_fp8_v4(a[0].ref, a[1].ref, a[2].ref, nullptr);
+      },
+      [&](const Symbols&, std::vector<Violation>* v) {
+        check_v4_cache_layout(a[tool == kQuantize ? 1 : tool == kDequantize ? 0 : 2], v);
+      });
+}
+
 // make_tensor keeps what it is given, computes row-major strides (a product beyond int64
 // saturates at INT64_MAX, negative sizes count as 0: tensor.cpp), and turns lists it cannot
 // hold (longer than kMaxRank, or shape and stride lists of different lengths) into tensors
@@ -267,6 +335,12 @@ std::vector<OpDriver> other_drivers() {
       {"reference::dequantize_mla_cache_fp8", [](Rng& r, Recorder& rec, int64_t i) { run_fp8_convert(r, rec, i, false, true); }},
       {"append_mla_cache_fp8", [](Rng& r, Recorder& rec, int64_t i) { run_fp8_append(r, rec, i, false); }},
       {"reference::append_mla_cache_fp8", [](Rng& r, Recorder& rec, int64_t i) { run_fp8_append(r, rec, i, true); }},
+      {"quantize_mla_cache_fp8_v4", [](Rng& r, Recorder& rec, int64_t i) { run_fp8_v4(r, rec, i, V4Tool::kQuantize, false); }},
+      {"reference::quantize_mla_cache_fp8_v4", [](Rng& r, Recorder& rec, int64_t i) { run_fp8_v4(r, rec, i, V4Tool::kQuantize, true); }},
+      {"dequantize_mla_cache_fp8_v4", [](Rng& r, Recorder& rec, int64_t i) { run_fp8_v4(r, rec, i, V4Tool::kDequantize, false); }},
+      {"reference::dequantize_mla_cache_fp8_v4", [](Rng& r, Recorder& rec, int64_t i) { run_fp8_v4(r, rec, i, V4Tool::kDequantize, true); }},
+      {"append_mla_cache_fp8_v4", [](Rng& r, Recorder& rec, int64_t i) { run_fp8_v4(r, rec, i, V4Tool::kAppend, false); }},
+      {"reference::append_mla_cache_fp8_v4", [](Rng& r, Recorder& rec, int64_t i) { run_fp8_v4(r, rec, i, V4Tool::kAppend, true); }},
       {"make_tensor", run_make_tensor},
       {"reference::merge_states", run_merge_states},
   };
