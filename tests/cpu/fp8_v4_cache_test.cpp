@@ -35,9 +35,11 @@ struct HostCache {
   std::vector<uint8_t> bytes;
   HostCache(int64_t num_blocks, int64_t page_size, int64_t block_stride)
       : blocks(num_blocks), page(page_size), stride(block_stride), bytes(num_blocks * block_stride, kSentinel) {}
-  HostCache(int64_t num_blocks, int64_t page_size) : HostCache(num_blocks, page_size, v4_padded_block_stride(page_size)) {}
+  HostCache(int64_t num_blocks, int64_t page_size)
+      : HostCache(num_blocks, page_size, v4_padded_block_stride(page_size)) {}
   TensorRef ref() {
-    return make_tensor(bytes.data(), DType::kUInt8, {blocks, page, 1, kV4TestTokenBytes}, {stride, kV4TestTokenBytes, kV4TestTokenBytes, 1});
+    return make_tensor(bytes.data(), DType::kUInt8, {blocks, page, 1, kV4TestTokenBytes},
+                       {stride, kV4TestTokenBytes, kV4TestTokenBytes, 1});
   }
   // The test's own layout arithmetic (not the library's helpers).
   int64_t record(int64_t slot) const { return (slot / page) * stride + (slot % page) * kV4TestRecordBytes; }
@@ -90,9 +92,7 @@ struct OneToken {
   HostCache cache{1, 1};
   const uint8_t* record() const { return cache.bytes.data(); }
   const uint8_t* scales() const { return cache.bytes.data() + 576; }
-  void quantize() {
-    ASSERT_TRUE(reference::quantize_mla_cache_fp8_v4(tokens_ref(x, 1, 1, 512), cache.ref()));
-  }
+  void quantize() { ASSERT_TRUE(reference::quantize_mla_cache_fp8_v4(tokens_ref(x, 1, 1, 512), cache.ref())); }
 };
 
 TEST(Fp8V4Cache, ScaleIsThePowerOfTwoAtOrAboveAmaxOver448) {
@@ -100,9 +100,9 @@ TEST(Fp8V4Cache, ScaleIsThePowerOfTwoAtOrAboveAmaxOver448) {
     OneToken t;
     const uint16_t edge = host::float_to_bf16(std::ldexp(448.f, k));
     ASSERT_EQ(host::bf16_to_float(edge), std::ldexp(448.f, k)) << "448 * 2^k is a bf16";
-    t.x[3] = edge;                                         // tile 0: amax exactly 448 * 2^k
-    t.x[64 + 9] = static_cast<uint16_t>(edge + 1);         // tile 1: the bf16 just above
-    t.x[128 + 5] = static_cast<uint16_t>(edge | 0x8000);   // tile 2: -448 * 2^k
+    t.x[3] = edge;                                        // tile 0: amax exactly 448 * 2^k
+    t.x[64 + 9] = static_cast<uint16_t>(edge + 1);        // tile 1: the bf16 just above
+    t.x[128 + 5] = static_cast<uint16_t>(edge | 0x8000);  // tile 2: -448 * 2^k
     t.x[128 + 6] = host::float_to_bf16(std::ldexp(1.f, k));
     t.quantize();
     EXPECT_EQ(t.scales()[0], 127 + k) << "k " << k;
@@ -117,13 +117,13 @@ TEST(Fp8V4Cache, ScaleIsThePowerOfTwoAtOrAboveAmaxOver448) {
 
 TEST(Fp8V4Cache, TinyZeroInfiniteAndNanTiles) {
   OneToken t;
-  t.x[0] = host::float_to_bf16(1e-10f);                        // tile 0: tiny amax -> 2^-13
-  t.x[64] = host::float_to_bf16(std::ldexp(448.f, -13));       // tile 1: exactly 448 * 2^-13 -> 2^-13
+  t.x[0] = host::float_to_bf16(1e-10f);                           // tile 0: tiny amax -> 2^-13
+  t.x[64] = host::float_to_bf16(std::ldexp(448.f, -13));          // tile 1: exactly 448 * 2^-13 -> 2^-13
   t.x[128] = host::float_to_bf16(std::ldexp(448.f, -14) * 1.5f);  // tile 2: ratio 1.5 * 2^-14 < 1e-4: clamped
-  t.x[192] = 0x7f80;                                           // tile 3: +inf -> 2^127
+  t.x[192] = 0x7f80;                                              // tile 3: +inf -> 2^127
   t.x[193] = host::float_to_bf16(1.f);
-  t.x[256] = 0xff80;                                           // tile 4: -inf
-  t.x[320] = 0x7fc0;                                           // tile 5: NaN ignored by the max
+  t.x[256] = 0xff80;  // tile 4: -inf
+  t.x[320] = 0x7fc0;  // tile 5: NaN ignored by the max
   t.x[321] = host::float_to_bf16(-3.5f);
   t.quantize();  // tile 6: all zero
   const uint8_t want[8] = {114, 114, 114, 254, 254, static_cast<uint8_t>(127 + expected_exponent(3.5)), 114, 0};
@@ -174,7 +174,8 @@ TEST(Fp8V4Cache, DequantizesHandWrittenBytes) {
     ASSERT_EQ(0, std::memcmp(&out[t * 512 + 448], &cache.bytes[cache.record(t) + 448], 128)) << "RoPE " << t;
   }
   EXPECT_EQ(out[0], 0) << "code 0";
-  EXPECT_EQ(host::bf16_to_float(out[512 + 448 - 1]), std::ldexp(e4m3_to_float(static_cast<uint8_t>(447 * 7 + 3)), 150 - 127));
+  EXPECT_EQ(host::bf16_to_float(out[512 + 448 - 1]),
+            std::ldexp(e4m3_to_float(static_cast<uint8_t>(447 * 7 + 3)), 150 - 127));
 }
 
 // Every page size: the layout byte for byte, the padding and the unused scale byte, the
@@ -184,8 +185,9 @@ TEST(Fp8V4Cache, PageSizesWithPaddedBlocks) {
     const int64_t blocks = page == 576 ? 2 : 3, n = blocks * page, pitch = 512 + 8 * (page % 3);
     std::vector<uint16_t> x = support::v4_random_tokens(n, pitch, 100 + page);
     HostCache cache(blocks, page);
-    const TensorRef src = page % 2 == 0 ? tokens_ref(x, blocks, page, pitch)
-                                        : make_tensor(x.data(), DType::kBF16, {blocks, page, kV4TestDqk}, {page * pitch, pitch, 1});
+    const TensorRef src =
+        page % 2 == 0 ? tokens_ref(x, blocks, page, pitch)
+                      : make_tensor(x.data(), DType::kBF16, {blocks, page, kV4TestDqk}, {page * pitch, pitch, 1});
     ASSERT_TRUE(reference::quantize_mla_cache_fp8_v4(src, cache.ref())) << "page " << page;
     for (int64_t t = 0; t < n; ++t) {
       expect_token(&x[t * pitch], &cache.bytes[cache.record(t)], &cache.bytes[cache.scales(t)],
@@ -252,54 +254,77 @@ TEST(Fp8V4Cache, ValidationErrorsNameTheArgument) {
   auto quantize = [](const TensorRef& s, const TensorRef& d) { return reference::quantize_mla_cache_fp8_v4(s, d); };
   auto dequantize = [](const TensorRef& s, const TensorRef& d) { return reference::dequantize_mla_cache_fp8_v4(s, d); };
   auto cache_with = [&](std::initializer_list<int64_t> shape, std::initializer_list<int64_t> stride, int64_t offset = 0,
-                        DType dtype = DType::kUInt8) { return make_tensor(c.bytes.data() + offset, dtype, shape, stride); };
+                        DType dtype = DType::kUInt8) {
+    return make_tensor(c.bytes.data() + offset, dtype, shape, stride);
+  };
   const int64_t s0 = c.stride;
 
-  EXPECT_TRUE(IsInvalid(quantize(make_tensor(bf.data(), DType::kFP16, {2, 4, 1, 512}), cache), {"src.dtype", "bf16", "fp16"}));
-  EXPECT_TRUE(IsInvalid(quantize(make_tensor(bf.data(), DType::kBF16, {8, 512}), cache), {"src: expected rank 4", "got rank 2"}));
+  EXPECT_TRUE(
+      IsInvalid(quantize(make_tensor(bf.data(), DType::kFP16, {2, 4, 1, 512}), cache), {"src.dtype", "bf16", "fp16"}));
+  EXPECT_TRUE(IsInvalid(quantize(make_tensor(bf.data(), DType::kBF16, {8, 512}), cache),
+                        {"src: expected rank 4", "got rank 2"}));
   EXPECT_TRUE(IsInvalid(quantize(make_tensor(bf.data(), DType::kBF16, {2, 4, 1, 576}), cache),
                         {"src.shape[3] (d_qk)", "expected 512", "got 576"}));
-  EXPECT_TRUE(IsInvalid(quantize(make_tensor(bf.data(), DType::kBF16, {2, 4, 2, 512}), cache), {"src.shape[2] (h_kv)", "expected 1"}));
+  EXPECT_TRUE(IsInvalid(quantize(make_tensor(bf.data(), DType::kBF16, {2, 4, 2, 512}), cache),
+                        {"src.shape[2] (h_kv)", "expected 1"}));
   EXPECT_TRUE(IsInvalid(quantize(make_tensor(bf.data(), DType::kBF16, {2, 4, 512}, {2048, 516, 1}), cache),
                         {"src.stride[1]", "multiple of 8"}));
   EXPECT_TRUE(IsInvalid(quantize(make_tensor(bf.data() + 4, DType::kBF16, {2, 4, 512}), cache),
                         {"src: expected a 16-byte aligned pointer"}));
   EXPECT_TRUE(IsInvalid(quantize(make_tensor(bf.data(), DType::kBF16, {2, 4, 512}, {2048, 512, 2}), cache),
                         {"src.stride[2]", "expected 1"}));
-  EXPECT_TRUE(IsInvalid(quantize(src, cache_with({2, 4, 1, 584}, {s0, 584, 584, 1}, 0, DType::kFP32)), {"dst.dtype", "uint8"}));
+  EXPECT_TRUE(
+      IsInvalid(quantize(src, cache_with({2, 4, 1, 584}, {s0, 584, 584, 1}, 0, DType::kFP32)), {"dst.dtype", "uint8"}));
   EXPECT_TRUE(IsInvalid(quantize(src, cache_with({2, 4, 584}, {s0, 584, 1})), {"dst: expected rank 4", "got rank 3"}));
   EXPECT_TRUE(IsInvalid(quantize(src, cache_with({2, 4, 1, 656}, {s0, 656, 656, 1})),
                         {"dst.shape[3] (bytes per token)", "expected 584", "got 656"}));
-  EXPECT_TRUE(IsInvalid(quantize(src, cache_with({2, 4, 1, 584}, {s0, 592, 592, 1})), {"dst.stride[1]", "expected 584", "got 592"}));
+  EXPECT_TRUE(IsInvalid(quantize(src, cache_with({2, 4, 1, 584}, {s0, 592, 592, 1})),
+                        {"dst.stride[1]", "expected 584", "got 592"}));
   EXPECT_TRUE(IsInvalid(quantize(src, cache_with({2, 4, 1, 584}, {4 * 584 - 16, 584, 584, 1})),
                         {"dst.stride[0]", "expected >= page_size * 584 = 2336", "got 2320"}));
-  EXPECT_TRUE(IsInvalid(quantize(src, cache_with({2, 4, 1, 584}, {s0 + 8, 584, 584, 1})), {"dst.stride[0]", "multiple of 16"}));
+  EXPECT_TRUE(
+      IsInvalid(quantize(src, cache_with({2, 4, 1, 584}, {s0 + 8, 584, 584, 1})), {"dst.stride[0]", "multiple of 16"}));
   EXPECT_TRUE(IsInvalid(quantize(src, cache_with({1, 4, 1, 584}, {s0, 584, 584, 1}, 8)),
                         {"dst: expected a 16-byte aligned pointer"}));
-  EXPECT_TRUE(IsInvalid(quantize(src, cache_with({3, 4, 1, 584}, {s0, 584, 584, 1})), {"dst.shape[0] (num_blocks)", "expected 2", "got 3"}));
-  EXPECT_TRUE(IsInvalid(quantize(src, cache_with({2, 2, 1, 584}, {s0, 584, 584, 1})), {"dst.shape[1] (page_size)", "expected 4", "got 2"}));
+  EXPECT_TRUE(IsInvalid(quantize(src, cache_with({3, 4, 1, 584}, {s0, 584, 584, 1})),
+                        {"dst.shape[0] (num_blocks)", "expected 2", "got 3"}));
+  EXPECT_TRUE(IsInvalid(quantize(src, cache_with({2, 2, 1, 584}, {s0, 584, 584, 1})),
+                        {"dst.shape[1] (page_size)", "expected 4", "got 2"}));
   // The output over the input's bytes.
-  EXPECT_TRUE(IsInvalid(quantize(make_tensor(c.bytes.data(), DType::kBF16, {1, 1, 512}), cache_with({1, 1, 1, 584}, {584, 584, 584, 1})),
-                        {"dst: expected memory disjoint from src"}));
+  EXPECT_TRUE(IsInvalid(
+      quantize(make_tensor(c.bytes.data(), DType::kBF16, {1, 1, 512}), cache_with({1, 1, 1, 584}, {584, 584, 584, 1})),
+      {"dst: expected memory disjoint from src"}));
 
-  EXPECT_TRUE(IsInvalid(dequantize(cache_with({2, 4, 1, 584}, {s0, 600, 600, 1}), src), {"src.stride[1]", "expected 584"}));
+  EXPECT_TRUE(
+      IsInvalid(dequantize(cache_with({2, 4, 1, 584}, {s0, 600, 600, 1}), src), {"src.stride[1]", "expected 584"}));
   EXPECT_TRUE(IsInvalid(dequantize(cache, make_tensor(bf.data(), DType::kFP32, {2, 4, 512})), {"dst.dtype", "bf16"}));
-  EXPECT_TRUE(IsInvalid(dequantize(cache, make_tensor(bf.data(), DType::kBF16, {2, 5, 512})), {"dst.shape[1] (page_size)", "expected 4", "got 5"}));
-  EXPECT_TRUE(IsInvalid(dequantize(cache, make_tensor(bf.data(), DType::kBF16, {2, 4, 1, 1, 512})), {"dst: expected rank 4", "got rank 5"}));
+  EXPECT_TRUE(IsInvalid(dequantize(cache, make_tensor(bf.data(), DType::kBF16, {2, 5, 512})),
+                        {"dst.shape[1] (page_size)", "expected 4", "got 5"}));
+  EXPECT_TRUE(IsInvalid(dequantize(cache, make_tensor(bf.data(), DType::kBF16, {2, 4, 1, 1, 512})),
+                        {"dst: expected rank 4", "got rank 5"}));
 
   const TensorRef tokens = make_tensor(bf.data(), DType::kBF16, {4, 512});
-  auto append = [&](const TensorRef& t, const TensorRef& s, const TensorRef& k) { return reference::append_mla_cache_fp8_v4(t, s, k); };
-  EXPECT_TRUE(IsInvalid(append(tokens, make_tensor(slots.data(), DType::kInt32, {3}), cache), {"slots.shape[0] (n)", "expected 4", "got 3"}));
-  EXPECT_TRUE(IsInvalid(append(tokens, make_tensor(slots.data(), DType::kFP32, {4}), cache), {"slots.dtype", "int32", "float32"}));
-  EXPECT_TRUE(IsInvalid(append(make_tensor(bf.data(), DType::kBF16, {4, 576}), make_tensor(slots.data(), DType::kInt32, {4}), cache),
-                        {"tokens.shape[1]", "expected 512", "got 576"}));
-  EXPECT_TRUE(IsInvalid(append(make_tensor(bf.data(), DType::kBF16, {1, 4, 512}), make_tensor(slots.data(), DType::kInt32, {1}), cache),
-                        {"tokens: expected rank 2"}));
-  EXPECT_TRUE(IsInvalid(append(tokens, make_tensor(slots.data(), DType::kInt32, {4}), cache_with({2, 4, 1, 584}, {s0, 584, 584, 1}, 0, DType::kBF16)),
+  auto append = [&](const TensorRef& t, const TensorRef& s, const TensorRef& k) {
+    return reference::append_mla_cache_fp8_v4(t, s, k);
+  };
+  EXPECT_TRUE(IsInvalid(append(tokens, make_tensor(slots.data(), DType::kInt32, {3}), cache),
+                        {"slots.shape[0] (n)", "expected 4", "got 3"}));
+  EXPECT_TRUE(IsInvalid(append(tokens, make_tensor(slots.data(), DType::kFP32, {4}), cache),
+                        {"slots.dtype", "int32", "float32"}));
+  EXPECT_TRUE(IsInvalid(
+      append(make_tensor(bf.data(), DType::kBF16, {4, 576}), make_tensor(slots.data(), DType::kInt32, {4}), cache),
+      {"tokens.shape[1]", "expected 512", "got 576"}));
+  EXPECT_TRUE(IsInvalid(
+      append(make_tensor(bf.data(), DType::kBF16, {1, 4, 512}), make_tensor(slots.data(), DType::kInt32, {1}), cache),
+      {"tokens: expected rank 2"}));
+  EXPECT_TRUE(IsInvalid(append(tokens, make_tensor(slots.data(), DType::kInt32, {4}),
+                               cache_with({2, 4, 1, 584}, {s0, 584, 584, 1}, 0, DType::kBF16)),
                         {"cache.dtype"}));
-  EXPECT_TRUE(IsInvalid(append(tokens, make_tensor(slots.data(), DType::kInt32, {4}), cache_with({2, 0, 1, 584}, {s0, 584, 584, 1})),
-                        {"cache.shape[1] (page_block_size)", "got 0"}));
-  EXPECT_TRUE(IsInvalid(append(make_tensor(c.bytes.data() + 1168, DType::kBF16, {1, 512}), make_tensor(slots.data(), DType::kInt32, {1}), cache),
+  EXPECT_TRUE(IsInvalid(
+      append(tokens, make_tensor(slots.data(), DType::kInt32, {4}), cache_with({2, 0, 1, 584}, {s0, 584, 584, 1})),
+      {"cache.shape[1] (page_block_size)", "got 0"}));
+  EXPECT_TRUE(IsInvalid(append(make_tensor(c.bytes.data() + 1168, DType::kBF16, {1, 512}),
+                               make_tensor(slots.data(), DType::kInt32, {1}), cache),
                         {"cache: expected memory disjoint from tokens"}));
 
   // The GPU entry points validate first, with the same messages under their own names.

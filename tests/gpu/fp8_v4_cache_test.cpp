@@ -45,8 +45,8 @@ TEST(Fp8V4CacheGpu, QuantizeMatchesTheCpuBitForBit) {
                                                      cache_ref(cpu.data(), blocks, page)));
     DeviceBuffer d_x(x), d_cache(cpu.size());
     d_cache.fill_bytes(kSentinel);
-    const Status s = quantize_mla_cache_fp8_v4(rows_ref(d_x.get(), blocks, page, pitch), cache_ref(d_cache.get(), blocks, page),
-                                               nullptr);
+    const Status s = quantize_mla_cache_fp8_v4(rows_ref(d_x.get(), blocks, page, pitch),
+                                               cache_ref(d_cache.get(), blocks, page), nullptr);
     ASSERT_TRUE(s) << s.to_string();
     MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
     EXPECT_EQ(d_cache.download<uint8_t>(), cpu) << "page " << page;
@@ -66,14 +66,16 @@ TEST(Fp8V4CacheGpu, DequantizeMatchesTheCpuBitForBit) {
     std::mt19937_64 rng(50 + page);
     std::generate(random_bytes.begin(), random_bytes.end(), [&] { return static_cast<uint8_t>(rng()); });
     for (const std::vector<uint8_t>* cache : {&quantized, &random_bytes}) {
-      const std::string what = std::string(cache == &quantized ? "quantized" : "random bytes") + ", page " + std::to_string(page);
+      const std::string what =
+          std::string(cache == &quantized ? "quantized" : "random bytes") + ", page " + std::to_string(page);
       std::vector<uint16_t> cpu(n * 512, 0xFFFF);
       ASSERT_TRUE(reference::dequantize_mla_cache_fp8_v4(cache_ref(const_cast<uint8_t*>(cache->data()), blocks, page),
                                                          rows_ref(cpu.data(), blocks, page, 512)));
       DeviceBuffer d_cache(*cache), d_out(n * 512 * 2);
       d_out.fill16(0xFFFF);
-      const Status s = dequantize_mla_cache_fp8_v4(cache_ref(d_cache.get(), blocks, page),
-                                                   make_tensor(d_out.get(), DType::kBF16, {blocks, page, kV4TestDqk}), nullptr);
+      const Status s =
+          dequantize_mla_cache_fp8_v4(cache_ref(d_cache.get(), blocks, page),
+                                      make_tensor(d_out.get(), DType::kBF16, {blocks, page, kV4TestDqk}), nullptr);
       ASSERT_TRUE(s) << s.to_string();
       MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
       EXPECT_EQ(d_out.download<uint16_t>(), cpu) << what;
@@ -96,9 +98,9 @@ TEST(Fp8V4CacheGpu, AppendMatchesTheCpuAndLeavesOtherSlots) {
     }
     std::vector<uint8_t> cpu(blocks * v4_padded_block_stride(page), kSentinel);
     DeviceBuffer d_tokens(tokens), d_slots(slots), d_cache(cpu);
-    ASSERT_TRUE(reference::append_mla_cache_fp8_v4(make_tensor(const_cast<uint16_t*>(tokens.data()), DType::kBF16, {n, kV4TestDqk}),
-                                                   make_tensor(slots.data(), DType::kInt32, {n}),
-                                                   cache_ref(cpu.data(), blocks, page)));
+    ASSERT_TRUE(reference::append_mla_cache_fp8_v4(
+        make_tensor(const_cast<uint16_t*>(tokens.data()), DType::kBF16, {n, kV4TestDqk}),
+        make_tensor(slots.data(), DType::kInt32, {n}), cache_ref(cpu.data(), blocks, page)));
     const Status s = append_mla_cache_fp8_v4(make_tensor(d_tokens.get(), DType::kBF16, {n, kV4TestDqk}),
                                              make_tensor(d_slots.get(), DType::kInt32, {n}),
                                              cache_ref(d_cache.get(), blocks, page), nullptr);
@@ -116,7 +118,8 @@ TEST(Fp8V4CacheGpu, HostPointersAreRejected) {
   const Status s = quantize_mla_cache_fp8_v4(make_tensor(src.data(), DType::kBF16, {1, 1, kV4TestDqk}),
                                              cache_ref(d_cache.get(), 1, 1), nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-  EXPECT_NE(s.message().find("quantize_mla_cache_fp8_v4: src: expected device memory"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("quantize_mla_cache_fp8_v4: src: expected device memory"), std::string::npos)
+      << s.message();
 }
 
 }  // namespace

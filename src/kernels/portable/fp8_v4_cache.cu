@@ -20,11 +20,11 @@ constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpsPerBlock = 8;
 constexpr int64_t kMaxGridBlocks = int64_t{1} << 20;
-constexpr int kValuesPerLane = 16;                               // 16 bytes of e4m3
-constexpr int kLanesPerTile = kV4Tile / kValuesPerLane;          // 4
-constexpr int kNopeLanes = kV4NopeDim / kValuesPerLane;          // 28
-constexpr int kRopeLanes = kWarpSize - kNopeLanes;               // 4
-constexpr int kRopeBytesPerLane = 2 * kV4RopeDim / kRopeLanes;   // 32
+constexpr int kValuesPerLane = 16;                              // 16 bytes of e4m3
+constexpr int kLanesPerTile = kV4Tile / kValuesPerLane;         // 4
+constexpr int kNopeLanes = kV4NopeDim / kValuesPerLane;         // 28
+constexpr int kRopeLanes = kWarpSize - kNopeLanes;              // 4
+constexpr int kRopeBytesPerLane = 2 * kV4RopeDim / kRopeLanes;  // 32
 static_assert(kV4Tile % kValuesPerLane == 0 && (kLanesPerTile & (kLanesPerTile - 1)) == 0,
               "a tile is a power-of-two group of lanes (xor shuffles)");
 static_assert(kNopeLanes % kLanesPerTile == 0 && kNopeLanes < kWarpSize, "RoPE lanes form groups of their own");
@@ -97,7 +97,8 @@ __global__ void quantize_kernel(V4ConvertArgs a) {
   const int64_t tokens = a.cache.num_blocks * a.cache.page_size;
   for (int64_t t = first_token(); t < tokens; t += token_step()) {
     const int64_t block = t / a.cache.page_size, offset = t % a.cache.page_size;
-    quantize_token(v4_token_row(a.rows, block, offset), v4_cache_token(a.cache, block, offset), threadIdx.x % kWarpSize);
+    quantize_token(v4_token_row(a.rows, block, offset), v4_cache_token(a.cache, block, offset),
+                   threadIdx.x % kWarpSize);
   }
 }
 
@@ -105,7 +106,8 @@ __global__ void dequantize_kernel(V4ConvertArgs a) {
   const int64_t tokens = a.cache.num_blocks * a.cache.page_size;
   for (int64_t t = first_token(); t < tokens; t += token_step()) {
     const int64_t block = t / a.cache.page_size, offset = t % a.cache.page_size;
-    dequantize_token(v4_cache_token(a.cache, block, offset), v4_token_row(a.rows, block, offset), threadIdx.x % kWarpSize);
+    dequantize_token(v4_cache_token(a.cache, block, offset), v4_token_row(a.rows, block, offset),
+                     threadIdx.x % kWarpSize);
   }
 }
 
@@ -115,7 +117,8 @@ __global__ void append_kernel(V4AppendArgs a) {
     const int64_t slot = a.slots[i];
     if (slot < 0 || slot >= slots) continue;  // -1 and out-of-range slots: skipped (the whole warp)
     quantize_token(static_cast<const uint16_t*>(a.tokens.data) + i * a.tokens.stride,
-                   v4_cache_token(a.cache, slot / a.cache.page_size, slot % a.cache.page_size), threadIdx.x % kWarpSize);
+                   v4_cache_token(a.cache, slot / a.cache.page_size, slot % a.cache.page_size),
+                   threadIdx.x % kWarpSize);
   }
 }
 
