@@ -19,7 +19,14 @@ from __future__ import annotations
 import sys as _sys
 
 from ._decode import MlaDecodePlan, mla_decode, mla_decode_plan
-from ._fp8_cache import append_fp8_cache, dequantize_fp8_cache, quantize_fp8_cache
+from ._fp8_cache import (
+    append_fp8_cache,
+    append_fp8_v4_cache,
+    dequantize_fp8_cache,
+    dequantize_fp8_v4_cache,
+    quantize_fp8_cache,
+    quantize_fp8_v4_cache,
+)
 from ._gqa_cache import dequantize_gqa_cache, gqa_cache_append, quantize_gqa_cache
 from ._gqa_decode import GqaDecodePlan, gqa_decode, gqa_decode_plan
 from ._merge import merge_states
@@ -40,6 +47,9 @@ __all__ = [
     "quantize_fp8_cache",
     "dequantize_fp8_cache",
     "append_fp8_cache",
+    "quantize_fp8_v4_cache",
+    "dequantize_fp8_v4_cache",
+    "append_fp8_v4_cache",
     "GqaDecodePlan",
     "gqa_decode",
     "gqa_decode_plan",

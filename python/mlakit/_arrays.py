@@ -120,6 +120,23 @@ def int32_view(buffer: Any, offset: int, shape: Tuple[int, ...]) -> Any:
     return region.view(dtype(buffer, "int32")).reshape(shape)
 
 
+def strided_view(base: Any, shape: Tuple[int, ...], strides: Tuple[int, ...]) -> Any:
+    """The view of `base`'s memory (from its first element) of `shape` with `strides` in
+    elements, in `base`'s framework (a view: it shares base's memory and keeps it alive)."""
+    kind = framework(base)
+    if kind == "torch":
+        return base.as_strided(shape, strides)
+    itemsize = base.dtype.itemsize
+    byte_strides = tuple(s * itemsize for s in strides)
+    if kind == "cupy":
+        import cupy
+
+        return cupy.lib.stride_tricks.as_strided(base, shape, byte_strides)
+    import numpy as np
+
+    return np.lib.stride_tricks.as_strided(base, shape, byte_strides)
+
+
 def extension_view(x: Any) -> Any:
     """The view of `x` that DLPack can carry to the extension: ml_dtypes bfloat16 and float8
     arrays as uint16 / uint8 bit patterns (NumPy cannot export them), PyTorch float8 tensors
