@@ -19,8 +19,9 @@ Ops (arguments as in the ``mlakit`` function of the same name):
 - ``mla_decode(q, kv_cache, block_table, cache_seqlens, workspace, fields, softmax_scale,
   causal) -> (out, lse)``; ``mla_decode_schedule(cache_seqlens, workspace!, fields)``
 - ``mla_sparse_decode(q, kv_cache, indices, topk_length, attn_sink, workspace, fields,
-  softmax_scale) -> (out, lse)``; ``mla_sparse_decode_schedule(topk_length, workspace!,
-  fields, s_q)``
+  softmax_scale, extra_kv_cache=None, extra_indices=None, extra_topk_length=None) -> (out,
+  lse)`` (V3.2 or V4 tokens, optionally a second cache); ``mla_sparse_decode_schedule(
+  topk_length, workspace!, fields, s_q, extra_topk_length=None)``
 - ``mla_sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base) ->
   (out, max_logits, lse)``
 - ``mha_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
@@ -72,10 +73,19 @@ def mla_decode_plan(
 
 
 def mla_sparse_decode_plan(
-    b: int, s_q: int, h_q: int, topk: int, like: Tensor, topk_length: Optional[Tensor] = None
+    b: int,
+    s_q: int,
+    h_q: int,
+    topk: int,
+    like: Tensor,
+    topk_length: Optional[Tensor] = None,
+    extra_topk: int = 0,
+    extra_topk_length: Optional[Tensor] = None,
 ) -> Tuple[Tensor, List[int]]:
     """:func:`mlakit.mla_sparse_decode_plan` as ``(workspace, fields)`` for the ops."""
-    workspace, plan = _sparse_decode.mla_sparse_decode_plan(b, s_q, h_q, topk, like, topk_length)
+    workspace, plan = _sparse_decode.mla_sparse_decode_plan(
+        b, s_q, h_q, topk, like, topk_length, extra_topk, extra_topk_length
+    )
     return workspace, list(plan.fields())
 
 
@@ -149,35 +159,54 @@ def _mla_sparse_decode(
     workspace: Tensor,
     fields: List[int],
     softmax_scale: Optional[float],
+    extra_kv_cache: Optional[Tensor] = None,
+    extra_indices: Optional[Tensor] = None,
+    extra_topk_length: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     return _sparse_decode.mla_sparse_decode(
-        q, kv_cache, indices, topk_length, attn_sink, softmax_scale, plan=_mla_plan(workspace, fields)
+        q, kv_cache, indices, topk_length, attn_sink, softmax_scale, plan=_mla_plan(workspace, fields),
+        extra_kv_cache=extra_kv_cache, extra_indices=extra_indices, extra_topk_length=extra_topk_length,
     )
 
 
 @_mla_sparse_decode.register_fake
-def _(q, kv_cache, indices, topk_length, attn_sink, workspace, fields, softmax_scale):
+def _(q, kv_cache, indices, topk_length, attn_sink, workspace, fields, softmax_scale, extra_kv_cache=None,
+      extra_indices=None, extra_topk_length=None):
     b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
     return q.new_empty((b, s_q, h_q, _decode.D_V)), q.new_empty((b, h_q, s_q), dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{_NS}::mla_sparse_decode_schedule", mutates_args=("workspace",))
-def _mla_sparse_decode_schedule(topk_length: Optional[Tensor], workspace: Tensor, fields: List[int], s_q: int) -> None:
+def _mla_sparse_decode_schedule(
+    topk_length: Optional[Tensor],
+    workspace: Tensor,
+    fields: List[int],
+    s_q: int,
+    extra_topk_length: Optional[Tensor] = None,
+) -> None:
     """``s_q``: the query tokens per batch entry the plan was made for (its problem has one
-    sequence per entry and token, so the fields alone do not say)."""
+    sequence per entry and token, so the fields alone do not say). ``topk_length`` and
+    ``extra_topk_length``: given exactly when they were given to the plan (its layout
+    depends on it)."""
+    op = "mla_sparse_decode_schedule"
     plan = _C.MlaDecodePlan.from_fields(fields, workspace)
     if plan.device < 0:
         return
     if s_q < 1 or plan.b % s_q != 0:
-        raise ValueError(f"mla_sparse_decode_schedule: s_q: expected a divisor of the plan's {plan.b} scheduled "
-                         f"sequences (b * s_q), got {s_q}")
+        raise ValueError(f"{op}: s_q: expected a divisor of the plan's {plan.b} scheduled sequences (b * s_q), "
+                         f"got {s_q}")
+    lists = _sparse_decode.plan_lists(plan)
+    for name, given in (("topk_length", topk_length), ("extra_topk_length", extra_topk_length)):
+        if lists[name] != (given is not None):
+            raise ValueError(f"{op}: {name}: expected {'a tensor' if lists[name] else 'None'} (as given to the "
+                             f"plan), got {'None' if given is None else 'a tensor'}")
     with torch.cuda.device(workspace.device):
-        _C.mla_sparse_decode_plan(plan.b // s_q, s_q, plan.h_q, plan.sparse_topk, topk_length, workspace,
-                                  _stream(workspace))
+        _C.mla_sparse_decode_plan(plan.b // s_q, s_q, plan.h_q, lists["topk"], topk_length, workspace,
+                                  _stream(workspace), lists["extra_topk"], extra_topk_length)
 
 
 @_mla_sparse_decode_schedule.register_fake
-def _(topk_length, workspace, fields, s_q):
+def _(topk_length, workspace, fields, s_q, extra_topk_length=None):
     return None
 
 
