@@ -7,7 +7,14 @@ flash_mla``, same names, arguments, defaults, shapes and return values.
   is_fp8_kvcache=False, topk=None)`` returns ``(tile_scheduler_metadata [num_sm_parts, 8]
   int32, num_splits [b + 1] int32)`` (FlashMLA's earlier API), computed on the device now.
 - ``flash_mla_with_kvcache`` takes either form: dense bf16/fp16 decode, or with
-  ``is_fp8_kvcache=True`` and ``indices`` the token-sparse decode over the 656-byte FP8 cache.
+  ``is_fp8_kvcache=True`` and ``indices`` the token-sparse decode over an FP8 cache: DeepSeek
+  V3.2's 656-byte tokens (q d_qk 576) or DeepSeek V4's 584-byte tokens (q d_qk 512), with an
+  optional second cache (``extra_k_cache``, ``extra_indices_in_kvcache``,
+  ``extra_topk_length``) whose tokens join the first's under one softmax. A
+  ``FlashMLASchedMeta`` records the first call's configuration (``extra_page_block_size`` and
+  ``extra_topk`` included) and later calls must agree, as in FlashMLA; metadata arrays from
+  ``get_mla_metadata(*args)`` (no extra arguments there) serve only calls without a second
+  cache.
 - ``flash_mla_sparse_fwd``: sparse prefill. Like the FlashMLA that engines run on Hopper, it
   returns natural-log ``max_logits`` and ``lse``; ``lse_base="2"`` (keyword only, mlakit's
   one switch) returns base-2 ones, as FlashMLA's 2025 releases did (docs/contract.md).
@@ -18,9 +25,8 @@ flash_mla``, same names, arguments, defaults, shapes and return values.
   0 and there is no backward.
 
 Host arrays (NumPy, CPU tensors) run the float64 CPU reference and need no metadata. What is
-not honoured raises NotImplementedError: the dense FP8 cache, extra_k_cache /
-extra_indices_in_kvcache / extra_topk_length, indexer_topk > 0, dropout_p != 0 and
-is_varlen=False. docs/python.md has the details.
+not honoured raises NotImplementedError: the dense FP8 cache, the sparse decode over a bf16
+cache, indexer_topk > 0, dropout_p != 0 and is_varlen=False. docs/python.md has the details.
 """
 
 from __future__ import annotations
@@ -36,9 +42,12 @@ from . import _mha_prefill
 from ._decode import D_V, mla_decode, mla_decode_plan
 from ._mlakit import mla_decode as _decode_on_device
 from ._mlakit import mla_sparse_decode_fp8 as _sparse_decode_on_device
-from ._sparse_decode import mla_sparse_decode, mla_sparse_decode_plan
+from ._sparse_decode import check_second_cache, mla_sparse_decode, mla_sparse_decode_plan
 from ._sparse_prefill import _prefill
 from ._sparse_prefill import check_arguments as check_prefill_arguments
+
+#: FlashMLA's names of the second cache's arguments.
+_EXTRA_NAMES = ("extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")
 
 __all__ = [
     "FlashMLASchedMeta",
@@ -95,10 +104,12 @@ def get_mla_metadata(
     With arguments: ``(tile_scheduler_metadata [num_sm_parts, 8] int32, num_splits [b + 1]
     int32)`` for ``cache_seqlens`` ([b] int32), computed on the device on the current stream.
     ``num_q_tokens_per_head_k`` = s_q * h_q / h_k; ``num_heads_k`` = h_k. For the sparse FP8
-    decode pass ``num_heads_q``, ``is_fp8_kvcache=True`` and ``topk``. Pass the returned arrays
-    themselves to flash_mla_with_kvcache (mlakit finds its plan from them, so copies cost a
-    new plan per call). Host arrays get placeholders of the same shapes (the CPU reference
-    needs no schedule).
+    decode pass ``num_heads_q``, ``is_fp8_kvcache=True`` and ``topk``; this form takes no
+    topk_length and no second cache, so its sparse schedule serves only calls without
+    topk_length, extra_k_cache and extra_topk_length (a ValueError otherwise: use the object
+    form). Pass the returned arrays themselves to flash_mla_with_kvcache (mlakit finds its
+    plan from them, so copies cost a new plan per call). Host arrays get placeholders of the
+    same shapes (the CPU reference needs no schedule).
     """
     op = "get_mla_metadata"
     if cache_seqlens is None:
@@ -136,7 +147,7 @@ def get_mla_metadata(
         workspace, plan = mla_sparse_decode_plan(b, rows // num_heads_q, num_heads_q, topk, cache_seqlens)
     else:
         workspace, plan = mla_decode_plan(cache_seqlens, 1, num_q_tokens_per_head_k * num_heads_k, num_heads_k)
-    schedule = schedules.Schedule(workspace, plan, topk)
+    schedule = schedules.Schedule(workspace, plan, schedules.KeyLists(topk), from_metadata_args=True)
     tile_scheduler_metadata, num_splits = schedule.views()
     schedules.register(tile_scheduler_metadata, schedule)
     return tile_scheduler_metadata, num_splits
@@ -162,19 +173,30 @@ def flash_mla_with_kvcache(
 ) -> Tuple[Any, Any]:
     """MLA decode over a paged KV cache, on the current stream.
 
-    q: [b, s_q, h_q, 576]. Dense: k_cache [num_blocks, page_block_size, h_k, 576] (q's dtype,
+    Dense: q [b, s_q, h_q, 576], k_cache [num_blocks, page_block_size, h_k, 576] (q's dtype,
     bfloat16 or float16), block_table [b, max_blocks] int32, cache_seqlens [b] int32, optional
-    ``causal`` (MTP). Sparse (``is_fp8_kvcache=True`` with ``indices``): q bfloat16, k_cache
-    the 656-byte FP8 cache [num_blocks, page_block_size, 1, 656] (uint8 or float8 view),
-    indices [b, s_q, topk] int32 slots ``block * page_block_size + offset`` (-1: none),
+    ``causal`` (MTP).
+
+    Sparse (``is_fp8_kvcache=True`` with ``indices``): q bfloat16, k_cache an FP8 cache of one
+    of two layouts, told apart by q's last dimension: DeepSeek V3.2, q d_qk 576 over the
+    656-byte cache [num_blocks, page_block_size, 1, 656] (``mlakit.quantize_fp8_cache``);
+    DeepSeek V4, q d_qk 512 over the 584-byte cache [num_blocks, page_block_size, 1, 584]
+    (``mlakit.quantize_fp8_v4_cache``: stride[1] 584, padded block stride); uint8 or a float8
+    view. indices [b, s_q, topk] int32 slots ``block * page_block_size + offset`` (-1: none),
     optional topk_length [b] int32 and attn_sink [h_q] float32; block_table and cache_seqlens
-    are not used. ``head_dim_v`` must be 512; ``softmax_scale`` defaults to 1/sqrt(576).
-    ``tile_scheduler_metadata`` / ``num_splits``: from :func:`get_mla_metadata`, either form.
+    are not used. A second cache, optional: ``extra_k_cache`` (same layout, its own page block
+    size) with ``extra_indices_in_kvcache`` [b, s_q, extra_topk] (the two together) and
+    optional ``extra_topk_length`` [b]: each row attends to both token lists under one
+    softmax (the LSE covers both). The extra arguments exist only for sparse attention.
+
+    ``head_dim_v`` must be 512; ``softmax_scale`` defaults to ``q.shape[-1] ** -0.5``.
+    ``tile_scheduler_metadata`` / ``num_splits``: from :func:`get_mla_metadata`, either form; a
+    ``FlashMLASchedMeta`` fixes the first call's configuration (shapes, topk, the second
+    cache's page block size and extra_topk) for the calls after it.
 
     Returns ``(out [b, s_q, h_q, 512] in q's dtype, softmax_lse [b, h_q, s_q] float32)``.
     """
     op = "flash_mla_with_kvcache"
-    _reject_unsupported(extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
     if checks.integer(op, "head_dim_v", head_dim_v) != D_V:
         raise ValueError(f"{op}: head_dim_v: expected {D_V}, got {head_dim_v}")
     causal = checks.flag(op, "causal", causal)
@@ -187,27 +209,47 @@ def flash_mla_with_kvcache(
     _check_cache_kind(is_fp8_kvcache, sparse)
     if sparse and causal:
         raise ValueError("flash_mla_with_kvcache: causal: expected False with indices (sparse attention), got True")
-    if not sparse and (attn_sink is not None or topk_length is not None):
-        raise ValueError(f"{op}: attn_sink and topk_length: expected None for dense attention (no indices)")
-    if sparse:
-        checks.optional_array(op, "topk_length", topk_length, "[b]")
-        checks.optional_array(op, "attn_sink", attn_sink, "[h_q]")
-    else:
+    if not sparse:
+        sparse_only = (
+            ("attn_sink", attn_sink),
+            ("topk_length", topk_length),
+            ("extra_k_cache", extra_k_cache),
+            ("extra_indices_in_kvcache", extra_indices_in_kvcache),
+            ("extra_topk_length", extra_topk_length),
+        )
+        given = [name for name, value in sparse_only if value is not None]
+        if given:
+            raise ValueError(f"{op}: {', '.join(given)}: expected None for dense attention (no indices)")
         checks.array(op, "block_table", block_table, "[b, max_num_blocks_per_seq]")
         checks.array(op, "cache_seqlens", cache_seqlens, "[b]")
+        extra_topk = 0
+    else:
+        checks.optional_array(op, "topk_length", topk_length, "[b]")
+        checks.optional_array(op, "attn_sink", attn_sink, "[h_q]")
+        extra_topk = check_second_cache(op, extra_k_cache, extra_indices_in_kvcache, extra_topk_length, _EXTRA_NAMES)
+    if softmax_scale is None:  # FlashMLA's default, of q's head dim
+        softmax_scale = int(q.shape[-1]) ** -0.5
 
     if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
         if num_splits is not None:
             raise ValueError(f"{op}: num_splits: expected None with a FlashMLASchedMeta")
-        _check_config(tile_scheduler_metadata, _config(q, k_cache, causal, is_fp8_kvcache, indices))
+        _check_config(
+            tile_scheduler_metadata,
+            _config(q, k_cache, causal, is_fp8_kvcache, indices, extra_k_cache, extra_indices_in_kvcache),
+        )
     if arrays.on_host(q):
         if sparse:
-            return mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, softmax_scale)
+            return mla_sparse_decode(
+                q, k_cache, indices, topk_length, attn_sink, softmax_scale,
+                extra_kv_cache=extra_k_cache, extra_indices=extra_indices_in_kvcache,
+                extra_topk_length=extra_topk_length,
+            )
         return mla_decode(q, k_cache, block_table, cache_seqlens, softmax_scale, causal)
 
     with arrays.device_scope(q):
-        schedule = _schedule(tile_scheduler_metadata, q, k_cache, cache_seqlens, indices, topk_length)
-        plan = schedule.plan_for(q, None if indices is None else int(indices.shape[-1]), topk_length is not None)
+        lists = schedules.KeyLists.of_call(indices, topk_length, extra_indices_in_kvcache, extra_topk_length)
+        schedule = _schedule(tile_scheduler_metadata, q, k_cache, cache_seqlens, lists, topk_length, extra_topk_length)
+        plan = schedule.plan_for(q, lists)
         if arrays.framework(q) == "torch":  # through torch.ops.mlakit (mlakit.torch_ops), as compiled models call it
             import torch
 
@@ -215,7 +257,8 @@ def flash_mla_with_kvcache(
 
             if sparse:
                 return torch.ops.mlakit.mla_sparse_decode(
-                    q, k_cache, indices, topk_length, attn_sink, schedule.workspace, plan.fields(), softmax_scale
+                    q, k_cache, indices, topk_length, attn_sink, schedule.workspace, plan.fields(), softmax_scale,
+                    extra_k_cache, extra_indices_in_kvcache, extra_topk_length,
                 )
             return torch.ops.mlakit.mla_decode(
                 q, k_cache, block_table, cache_seqlens, schedule.workspace, plan.fields(), softmax_scale, causal
@@ -225,9 +268,10 @@ def flash_mla_with_kvcache(
         lse = arrays.empty(q, (b, h_q, s_q), "float32")
         stream = arrays.current_stream(q)
         if sparse:
+            view = arrays.extension_view
             _sparse_decode_on_device(
-                q, arrays.extension_view(k_cache), indices, topk_length, attn_sink, out, lse, plan, softmax_scale,
-                stream,
+                q, view(k_cache), indices, topk_length, attn_sink, out, lse, plan, softmax_scale, stream,
+                view(extra_k_cache), extra_indices_in_kvcache, extra_topk_length,
             )
         else:
             _decode_on_device(q, k_cache, block_table, cache_seqlens, out, lse, plan, softmax_scale, causal, stream)
@@ -414,22 +458,6 @@ def _varlen(
     return out, lse.T  # FlashMLA's [total_q, h_q] view of the [h_q, total_q] buffer
 
 
-def _reject_unsupported(extra_k_cache: Any, extra_indices_in_kvcache: Any, extra_topk_length: Any) -> None:
-    given = [
-        name
-        for name, value in (
-            ("extra_k_cache", extra_k_cache),
-            ("extra_indices_in_kvcache", extra_indices_in_kvcache),
-            ("extra_topk_length", extra_topk_length),
-        )
-        if value is not None
-    ]
-    if given:
-        raise NotImplementedError(
-            f"flash_mla_with_kvcache: {', '.join(given)}: not supported by mlakit (expected None)"
-        )
-
-
 def _check_cache_kind(is_fp8_kvcache: bool, sparse: bool) -> None:
     """mlakit has the dense bf16/fp16 decode and the sparse decode over the FP8 cache."""
     if is_fp8_kvcache and not sparse:
@@ -444,7 +472,13 @@ def _check_cache_kind(is_fp8_kvcache: bool, sparse: bool) -> None:
 
 
 def _config(
-    q: Any, k_cache: Any, causal: bool, is_fp8_kvcache: bool, indices: Optional[Any]
+    q: Any,
+    k_cache: Any,
+    causal: bool,
+    is_fp8_kvcache: bool,
+    indices: Optional[Any],
+    extra_k_cache: Optional[Any],
+    extra_indices_in_kvcache: Optional[Any],
 ) -> FlashMLASchedMeta.Config:
     return FlashMLASchedMeta.Config(
         b=int(q.shape[0]),
@@ -455,13 +489,29 @@ def _config(
         causal=causal,
         is_fp8_kvcache=is_fp8_kvcache,
         topk=None if indices is None else int(indices.shape[-1]),
-        extra_page_block_size=None,
-        extra_topk=None,
+        extra_page_block_size=None if extra_k_cache is None else int(extra_k_cache.shape[1]),
+        extra_topk=None if extra_indices_in_kvcache is None else int(extra_indices_in_kvcache.shape[-1]),
     )
 
 
+# Where each configuration field comes from in a flash_mla_with_kvcache call (for the errors).
+_CONFIG_SOURCES = {
+    "b": "q.shape[0]",
+    "s_q": "q.shape[1]",
+    "h_q": "q.shape[2]",
+    "page_block_size": "k_cache.shape[1]",
+    "h_k": "k_cache.shape[2]",
+    "causal": "causal",
+    "is_fp8_kvcache": "is_fp8_kvcache",
+    "topk": "indices.shape[-1], None without indices",
+    "extra_page_block_size": "extra_k_cache.shape[1], None without extra_k_cache",
+    "extra_topk": "extra_indices_in_kvcache.shape[-1], None without extra_indices_in_kvcache",
+}
+
+
 def _check_config(meta: FlashMLASchedMeta, config: FlashMLASchedMeta.Config) -> None:
-    """The first call fixes the step's configuration; later calls must agree (as in FlashMLA)."""
+    """The first call fixes the step's configuration; later calls must agree (FlashMLA checks
+    the same fields in the same order)."""
     if not meta.have_initialized:
         meta.config = config
         meta.have_initialized = True
@@ -471,18 +521,26 @@ def _check_config(meta: FlashMLASchedMeta, config: FlashMLASchedMeta.Config) -> 
         if made != given:
             raise ValueError(
                 f"flash_mla_with_kvcache: tile_scheduler_metadata.config.{field.name}: expected {made} (the first "
-                f"call's), got {given}: use one FlashMLASchedMeta per configuration and step"
+                f"call's), got {given} ({_CONFIG_SOURCES[field.name]}): use one FlashMLASchedMeta per "
+                "configuration and step"
             )
 
 
 def _schedule(
-    meta: Any, q: Any, k_cache: Any, cache_seqlens: Any, indices: Optional[Any], topk_length: Optional[Any]
+    meta: Any,
+    q: Any,
+    k_cache: Any,
+    cache_seqlens: Any,
+    lists: schedules.KeyLists,
+    topk_length: Optional[Any],
+    extra_topk_length: Optional[Any],
 ) -> schedules.Schedule:
     """The plan behind `meta`: the object's (made by its first call), the registered one of
     get_mla_metadata's arrays, or, for arrays mlakit does not know, one made for this call."""
     if isinstance(meta, FlashMLASchedMeta):
         if meta._schedule is None:
-            meta._schedule = schedules.schedule_for_call(q, k_cache, cache_seqlens, indices, topk_length)
+            meta._schedule = schedules.schedule_for_call(q, k_cache, cache_seqlens, lists, topk_length,
+                                                         extra_topk_length)
             meta.tile_scheduler_metadata, meta.num_splits = meta._schedule.views()
         return meta._schedule
     schedule = schedules.lookup(meta)
@@ -494,4 +552,4 @@ def _schedule(
         "to plan once per step",
         stacklevel=3,
     )
-    return schedules.schedule_for_call(q, k_cache, cache_seqlens, indices, topk_length)
+    return schedules.schedule_for_call(q, k_cache, cache_seqlens, lists, topk_length, extra_topk_length)

@@ -153,7 +153,7 @@ def test_what_mlakit_does_not_honour_raises_clearly():
     q, kv, table, lengths = paged_case(rng, (10,), h_q=8)
     meta, _ = flash_mla.get_mla_metadata()
     call = flash_mla.flash_mla_with_kvcache
-    with pytest.raises(NotImplementedError, match="extra_k_cache"):
+    with pytest.raises(ValueError, match=r"extra_k_cache: expected None for dense attention \(no indices\)"):
         call(q, kv, table, lengths, 512, meta, extra_k_cache=kv)
     with pytest.raises(NotImplementedError, match="dense decode over an FP8 cache"):
         call(q, kv, table, lengths, 512, meta, is_fp8_kvcache=True)
