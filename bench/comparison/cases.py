@@ -37,6 +37,9 @@ FAMILIES: Dict[str, Family] = {
         Family("dense_decode", "dense MLA decode", ("flashmla", "mlakit"), "mlakit", True),
         Family("sparse_decode", "sparse FP8 MLA decode", ("flashmla", "mlakit"), "mlakit", True),
         Family("sparse_prefill", "sparse MLA prefill", ("flashmla", "mlakit"), "mlakit", True),
+        # DeepSeek V4's sparse decode (issue 31): d_qk 512 over the 584-byte cache, with a second
+        # cache (a window of recent tokens) under the same softmax, on FlashMLA's V4 shapes.
+        Family("sparse_decode_v4", "sparse FP8 MLA decode, DeepSeek V4", ("flashmla", "mlakit"), "mlakit", True),
         # The GQA decode over a paged cache against PyTorch SDPA (cuDNN backend forced,
         # enable_gqa) over a contiguous cache holding the same values.
         Family("gqa", "GQA decode (paged bf16 / int8 / fp8 cache)", ("sdpa_cudnn", "mlakit"), "mlakit", True),
@@ -77,13 +80,25 @@ def _sparse_decode(b: int, quick: bool = False) -> Case:
     return Case(f"sparse_decode_b{b}_hq128_sq2_topk2048_sk32768", "sparse_decode", params, quick)
 
 
-def _sparse_prefill(s_kv: int, near_end: bool, quick: bool = False) -> Case:
+def _sparse_decode_v4(b: int, h_q: int, topk: int, page: int, s_k: int, extra_topk: int = 0, extra_page: int = 64,
+                      quick: bool = False) -> Case:
+    """FlashMLA's V4 decode shapes: s_q 2, lengths ~ s_k; topk over a page-`page` cache plus,
+    with extra_topk, a window of that many recent tokens in a page-`extra_page` second cache."""
+    params = dict(b=b, s_q=2, h_q=h_q, topk=topk, page=page, s_k=s_k, extra_topk=extra_topk, extra_page=extra_page)
+    name = f"sparse_decode_v4_b{b}_hq{h_q}_sq2_topk{topk}_page{page}_sk{s_k}"
+    if extra_topk:
+        name += f"_extra{extra_topk}_page{extra_page}"
+    return Case(name, "sparse_decode_v4", params, quick)
+
+
+def _sparse_prefill(s_kv: int, near_end: bool, quick: bool = False, h_q: int = 128, topk: int = 2048,
+                    d_qk: int = 576) -> Case:
     # "Near the end": 90% of each token's indices in the last 20000 rows (the project's
     # benchmark convention, bench/sparse_prefill_measure.cpp); at s_kv <= 20000 that is all rows.
-    params = dict(s_q=4096, h_q=128, topk=2048, s_kv=s_kv, indices="near_end" if near_end else "uniform",
-                  window=20000 if near_end else 0)
-    name = f"sparse_prefill_sq4096_hq128_topk2048_skv{s_kv}_" + ("near_end" if near_end else "uniform")
-    return Case(name, "sparse_prefill", params, quick)
+    params = dict(s_q=4096, h_q=h_q, topk=topk, s_kv=s_kv, indices="near_end" if near_end else "uniform",
+                  window=20000 if near_end else 0, d_qk=d_qk)
+    name = f"sparse_prefill_sq4096_hq{h_q}_topk{topk}_skv{s_kv}_" + ("near_end" if near_end else "uniform")
+    return Case(name + ("" if d_qk == 576 else f"_d{d_qk}"), "sparse_prefill", params, quick)
 
 
 def _gqa(b: int, s_k: int, cache: str = "bf16", append: bool = False, quick: bool = False) -> Case:
@@ -147,6 +162,16 @@ def all_cases() -> List[Case]:
     for near_end in (True, False):
         for s_kv in (8192, 32768, 131072):
             cases.append(_sparse_prefill(s_kv, near_end, quick=(s_kv, near_end) == (8192, False)))
+    # DeepSeek V4 (issue 31): FlashMLA's V4 decode shapes (lengths ~16k, topk 128 over page 256
+    # plus a window of 512 or 1024 over page 64 or 2; one cache of topk 16384 at lengths ~32k)
+    # and the d_qk 512 prefill (h_q 64 topk 512, h_q 128 topk 1024).
+    for b in (64, 128, 148, 256):
+        cases.append(_sparse_decode_v4(b, 128 if b != 256 else 64, 128, 256, 16384, 512, 64, quick=b == 64))
+    cases += [_sparse_decode_v4(128, 64, 128, 256, 16384, 1024, 64), _sparse_decode_v4(128, 128, 128, 256, 16384, 1024, 2),
+              _sparse_decode_v4(148, 128, 16384, 64, 32768)]
+    for s_kv in (8192, 65536):
+        cases += [_sparse_prefill(s_kv, False, h_q=64, topk=512, d_qk=512),
+                  _sparse_prefill(s_kv, False, h_q=128, topk=1024, d_qk=512)]
     cases += [_gqa(64, 4096, "bf16", quick=True), _gqa(64, 4096, "int8"), _gqa(64, 4096, "fp8"),
               _gqa(64, 4096, "bf16", append=True), _gqa(1, 131072, "bf16")]
     # MHA prefill, issue 26's list: b4 s4096 h32 at d 128 and 192/128, b1 s16384, and the varlen

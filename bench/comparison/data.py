@@ -7,8 +7,14 @@ case and handed to every side unchanged.
 - Sparse FP8 decode: each sequence owns s_k tokens (shuffled block table); each query token
   lists topk distinct tokens of its sequence; the 656-byte FP8 cache holds NaN bytes (0xFF:
   NaN as e4m3, float32 and bf16) in every token no index lists.
+- Sparse FP8 decode, DeepSeek V4 (FlashMLA's V4 decode shapes): sequence lengths ~ normal(s_k,
+  s_k / 4), at least topk; the first cache holds each sequence's tokens (page `page`, shuffled
+  block table), each query token lists topk distinct of them; the optional second cache holds
+  each sequence's last extra_topk tokens (page `extra_page`), every query token listing all of
+  them (a window). The 584-byte layout's blocks padded to a multiple of 576 bytes, as FlashMLA
+  pads them; 0xFF (NaN) in every unlisted record, scale record and padding byte.
 - Sparse prefill: topk distinct rows per query token, uniform over s_kv or 90% of them in the
-  last `window` rows, in random order.
+  last `window` rows, in random order; d_qk 576 (V3.2) or 512 (V4).
 - GQA decode: every sequence holds s_k tokens (SDPA's contiguous cache has no lengths); K and
   V [b, h_kv, s_k, d] bf16 for SDPA, the same values paged [num_blocks, 64, h_kv, d] through a
   shuffled block table for mlakit. int8 / fp8 caches: quantized per (token, kv head) by the
@@ -40,6 +46,9 @@ from .cases import Case
 
 D_QK, D_V, FP8_TOKEN_BYTES = 576, 512, 656
 E4M3_MAX = 448.0
+# DeepSeek V4's cache (docs/contract.md): per block, records of 448 e4m3 + 64 bf16, then 8-byte
+# records of 7 UE8M0 scales (one per 64 values) and an unused byte.
+V4_D_QK, V4_NOPE, V4_TILE, V4_RECORD, V4_TOKEN_BYTES = 512, 448, 64, 576, 584
 INDEX_CHUNK_ROWS = 256  # rows of random keys drawn at once when choosing distinct indices
 
 
@@ -176,9 +185,97 @@ def sparse_decode(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
     return Inputs(tensors, info)
 
 
+def quantize_fp8_v4(kv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """bf16 [..., 512] -> (records [..., 576], scale records [..., 8]) uint8 of the V4 cache:
+    tile scale 2^ceil(log2(max(amax / 448, 1e-4))) (FlashMLA's rule, in PyTorch's float32
+    log2), stored e4m3(x / scale), scale byte exponent + 127, the RoPE part as bf16 bytes."""
+    nope = kv[..., :V4_NOPE].float().unflatten(-1, (V4_NOPE // V4_TILE, V4_TILE))
+    exponent = torch.ceil(torch.log2((nope.abs().amax(-1) / E4M3_MAX).clamp(min=1e-4)))
+    values = (nope / torch.exp2(exponent)[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    records = torch.empty(kv.shape[:-1] + (V4_RECORD,), dtype=torch.uint8, device=kv.device)
+    records[..., :V4_NOPE] = values.view(torch.uint8).flatten(-2)
+    records[..., V4_NOPE:] = kv[..., V4_NOPE:].contiguous().view(torch.uint8)
+    scales = torch.zeros(kv.shape[:-1] + (8,), dtype=torch.uint8, device=kv.device)
+    scales[..., :7] = (exponent + 127).to(torch.uint8)
+    return records, scales
+
+
+def dequantize_fp8_v4(records: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """V4 tokens (records [..., 576], scale records [..., 8]) -> [..., 512] float64 holding the
+    bf16 values the kernels compute with (e4m3 times a power of two: exact)."""
+    values = records[..., :V4_NOPE].contiguous().view(torch.float8_e4m3fn).double()
+    scale = torch.exp2(scales[..., :7].double() - 127)
+    nope = (values.unflatten(-1, (7, V4_TILE)) * scale[..., None]).flatten(-2)
+    return torch.cat([nope, records[..., V4_NOPE:].contiguous().view(torch.bfloat16).double()], dim=-1)
+
+
+def _v4_paged_cache(num_blocks: int, page: int, device: torch.device, dev: torch.Generator):
+    """A V4 cache of random values: (k_cache [num_blocks, page, 1, 584] view, records
+    [num_blocks, page, 576] and scales [num_blocks, page, 8] views of the same bytes)."""
+    block_bytes = math.ceil(page * V4_TOKEN_BYTES / V4_RECORD) * V4_RECORD
+    buffer = torch.full((num_blocks, block_bytes), 0xFF, dtype=torch.uint8, device=device)
+    records = buffer[:, : page * V4_RECORD].view(num_blocks, page, V4_RECORD)
+    scales = buffer[:, page * V4_RECORD : page * V4_TOKEN_BYTES].view(num_blocks, page, 8)
+    chunk = max(1, (1 << 20) // page)  # blocks quantized at once
+    for first in range(0, num_blocks, chunk):
+        last = min(num_blocks, first + chunk)
+        records[first:last], scales[first:last] = quantize_fp8_v4(_cache_values((last - first, page, V4_D_QK), device, dev))
+    k_cache = buffer[:, : page * V4_TOKEN_BYTES].view(num_blocks, page, 1, V4_TOKEN_BYTES)
+    return k_cache, records, scales
+
+
+def _poison_unlisted_v4(records: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor) -> None:
+    listed = torch.zeros(records.shape[0] * records.shape[1], dtype=torch.bool, device=records.device)
+    listed[slots.flatten().long()] = True
+    unlisted = (~listed).view(records.shape[0], records.shape[1])
+    records[unlisted] = 0xFF
+    scales[unlisted] = 0xFF
+
+
+def sparse_decode_v4(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
+    host, dev = _generators(seed, device)
+    b, s_q, h_q, topk, page = p["b"], p["s_q"], p["h_q"], p["topk"], p["page"]
+    lengths = torch.normal(float(p["s_k"]), p["s_k"] / 4, (b,), generator=host).floor().clamp(min=topk).long()
+    blocks_per_seq = math.ceil(int(lengths.max()) / page)
+    table = _shuffled_block_table(b, blocks_per_seq, host).long().to(device)
+    k_cache, records, scales = _v4_paged_cache(b * blocks_per_seq, page, device, dev)
+    # topk distinct positions below each sequence's length, per query token.
+    keys = torch.rand((b, s_q, blocks_per_seq * page), device=device, generator=dev)
+    past = torch.arange(blocks_per_seq * page, device=device)[None, None, :] >= lengths.to(device)[:, None, None]
+    keys.masked_fill_(past, -1.0)
+    logical = keys.topk(topk, dim=-1, sorted=False).indices
+    logical = logical.gather(-1, torch.rand(logical.shape, device=device, generator=dev).argsort(dim=-1))
+    batch = torch.arange(b, device=device)[:, None, None]
+    indices = (table[batch, logical // page] * page + logical % page).to(torch.int32)
+    _poison_unlisted_v4(records, scales, indices)
+    tensors = dict(q=_normal((b, s_q, h_q, V4_D_QK), torch.bfloat16, device, dev), k_cache=k_cache,
+                   records=records, scales=scales, indices=indices, extra_k_cache=None, extra_indices=None)
+    extra_topk = p["extra_topk"]
+    if extra_topk:
+        extra_page = p["extra_page"]
+        extra_blocks = math.ceil(extra_topk / extra_page)
+        extra_table = _shuffled_block_table(b, extra_blocks, host).long().to(device)
+        extra_cache, extra_records, extra_scales = _v4_paged_cache(b * extra_blocks, extra_page, device, dev)
+        window = torch.arange(extra_topk, device=device)  # the window's tokens, every query token all of them
+        extra_slots = extra_table[:, window // extra_page] * extra_page + window % extra_page  # [b, extra_topk]
+        extra_indices = extra_slots[:, None, :].expand(b, s_q, extra_topk).contiguous().to(torch.int32)
+        _poison_unlisted_v4(extra_records, extra_scales, extra_indices)
+        tensors.update(extra_k_cache=extra_cache, extra_records=extra_records, extra_scales=extra_scales,
+                       extra_indices=extra_indices)
+    keys_per_token = topk + extra_topk
+    info = dict(
+        seed=seed,
+        mean_s_k=float(lengths.double().mean()),
+        flops=float(b * s_q * h_q * (2 * V4_D_QK + 2 * D_V) * keys_per_token),
+        bytes=float(b * s_q * (h_q * (V4_D_QK + D_V) * 2 + keys_per_token * V4_TOKEN_BYTES)),
+    )
+    return Inputs(tensors, info)
+
+
 def sparse_prefill(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
     _, dev = _generators(seed, device)
     s_q, h_q, topk, s_kv = p["s_q"], p["h_q"], p["topk"], p["s_kv"]
+    d_qk = p.get("d_qk", D_QK)
     window = min(p["window"], s_kv) if p["window"] > 0 else s_kv
     if window == s_kv:
         indices = _distinct(s_q, s_kv, topk, device, dev)
@@ -188,15 +285,15 @@ def sparse_prefill(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs
         older = _distinct(s_q, s_kv - window, topk - near, device, dev)
         both = torch.cat([recent, older], dim=-1)
         indices = both.gather(-1, torch.rand(both.shape, device=device, generator=dev).argsort(dim=-1))
-    q = _normal((s_q, h_q, D_QK), torch.bfloat16, device, dev)
-    kv = _normal((s_kv, 1, D_QK), torch.bfloat16, device, dev)
+    q = _normal((s_q, h_q, d_qk), torch.bfloat16, device, dev)
+    kv = _normal((s_kv, 1, d_qk), torch.bfloat16, device, dev)
     info = dict(
         seed=seed,
         mean_s_k=float(topk),
-        flops=float(2 * s_q * h_q * topk * (D_QK + D_V)),
-        bytes=float(s_q * (h_q * (D_QK + D_V) * 2 + topk * D_QK * 2)),
+        flops=float(2 * s_q * h_q * topk * (d_qk + D_V)),
+        bytes=float(s_q * (h_q * (d_qk + D_V) * 2 + topk * d_qk * 2)),
     )
-    tensors = dict(q=q, kv=kv, indices=indices.to(torch.int32).view(s_q, 1, topk), sm_scale=D_QK**-0.5)
+    tensors = dict(q=q, kv=kv, indices=indices.to(torch.int32).view(s_q, 1, topk), sm_scale=d_qk**-0.5)
     return Inputs(tensors, info)
 
 
@@ -379,6 +476,7 @@ def merge(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
 _GENERATORS = {
     "dense_decode": dense_decode,
     "sparse_decode": sparse_decode,
+    "sparse_decode_v4": sparse_decode_v4,
     "sparse_prefill": sparse_prefill,
     "gqa": gqa,
     "sdpa_mha": sdpa_mha,

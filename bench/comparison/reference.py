@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from .data import D_QK, D_V, Inputs, dequantize_fp8, dequantize_rows, rope_neox
+from .data import D_QK, D_V, Inputs, dequantize_fp8, dequantize_fp8_v4, dequantize_rows, rope_neox
 
 OUT_ABS, OUT_REL, OUT_COS = 1e-3, 2 / 128, 5e-6  # docs/contract.md, Accuracy: bf16/fp16 outputs
 STAT_ABS, STAT_REL = 1e-6, 8 / 65536  # docs/contract.md, Accuracy: lse and max_logits
@@ -75,6 +75,29 @@ def sparse_decode(x: Inputs) -> Dict[str, Any]:
     return dict(index=("batch", rows), out=torch.stack(outs), lse=torch.stack(lses))
 
 
+def sparse_decode_v4(x: Inputs) -> Dict[str, Any]:
+    """Both caches' listed tokens (all valid) under one softmax; V is the whole 512-value row."""
+    t = x.tensors
+    q = t["q"]
+    b = q.shape[0]
+
+    def tokens(records: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        page = records.shape[1]
+        block, offset = slots.long() // page, slots.long() % page
+        return dequantize_fp8_v4(records[block, offset], scales[block, offset])  # [s_q, n, 512]
+
+    rows = _pick(b, SAMPLE, x.info["seed"], [0, b - 1])
+    outs, lses = [], []
+    for i in rows:
+        keys = tokens(t["records"], t["scales"], t["indices"][i])
+        if t["extra_indices"] is not None:
+            keys = torch.cat([keys, tokens(t["extra_records"], t["extra_scales"], t["extra_indices"][i])], dim=1)
+        out, lse, _ = _attend(q[i].double(), keys, keys, q.shape[-1] ** -0.5)  # q [s_q, h_q, 512]
+        outs.append(out)
+        lses.append(lse.transpose(0, 1))
+    return dict(index=("batch", rows), out=torch.stack(outs), lse=torch.stack(lses))
+
+
 def sparse_prefill(x: Inputs) -> Dict[str, Any]:
     t = x.tensors
     q, kv, indices = t["q"], t["kv"], t["indices"]
@@ -82,7 +105,7 @@ def sparse_prefill(x: Inputs) -> Dict[str, Any]:
     rows = _pick(s_q, SAMPLE_TOKENS, x.info["seed"], [0, s_q - 1])
     outs, lses, maxes = [], [], []
     for r in rows:
-        keys = kv[indices[r, 0].long(), 0].double()  # [topk, 576]
+        keys = kv[indices[r, 0].long(), 0].double()  # [topk, d_qk]
         out, lse, top = _attend(q[r].double(), keys, keys[:, :D_V], t["sm_scale"])
         outs.append(out)
         lses.append(lse)
@@ -175,6 +198,7 @@ def merge(x: Inputs) -> Dict[str, Any]:
 REFERENCES = {
     "dense_decode": dense_decode,
     "sparse_decode": sparse_decode,
+    "sparse_decode_v4": sparse_decode_v4,
     "sparse_prefill": sparse_prefill,
     "gqa": gqa,
     "sdpa_mha": sdpa_mha,

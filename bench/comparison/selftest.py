@@ -34,6 +34,8 @@ def _case(family: str, **params: Any) -> cases.Case:
 DENSE = _case("dense_decode", b=4, s_q=2, h_q=16, h_kv=1, s_k=200, page=64, causal=True, varlen=True)
 SPARSE = _case("sparse_decode", b=2, s_q=2, h_q=16, topk=64, s_k=512, page=64)
 PREFILL = _case("sparse_prefill", s_q=48, h_q=16, topk=64, s_kv=1024, indices="near_end", window=200)
+SPARSE_V4 = _case("sparse_decode_v4", b=3, s_q=2, h_q=16, topk=64, page=64, s_k=300, extra_topk=40, extra_page=2)
+PREFILL_D512 = _case("sparse_prefill", s_q=48, h_q=16, topk=64, s_kv=1024, indices="uniform", window=0, d_qk=512)
 SDPA = _case("sdpa_mha", b=1, h=2, s=64, d=32, causal=True)
 GQA = {cache + ("_append" if append else ""): _case("gqa", b=3, s_q=1, h_q=8, h_kv=2, s_k=192, d=64, page=64,
                                                      cache=cache, append=append)
@@ -50,9 +52,14 @@ MERGE = {"cp_decode": cases._merge(3, (4, 2, 8), 64, lse_layout="decode"),
 def test_case_table() -> None:
     table = cases.all_cases()
     default = cases.select(table)
-    expect(len(default) == 39, f"39 benchmark cases (docs/benchmarking.md) by default (got {len(default)})")
+    expect(len(default) == 50, f"50 benchmark cases (docs/benchmarking.md) by default (got {len(default)})")
     expect(len({c.name for c in table}) == len(table), "case names unique")
-    expect(len(cases.select(table, quick=True)) == 6, "--quick: 6 cases")
+    expect(len(cases.select(table, quick=True)) == 7, "--quick: 7 cases")
+    v4 = cases.select(table, ["sparse_decode_v4"])
+    expect(len(v4) == 7 and sum(c.params["extra_topk"] > 0 for c in v4) == 6,
+           "--families sparse_decode_v4: 7 cases, 6 with a second cache")
+    expect(sum(c.params.get("d_qk") == 512 for c in cases.select(table, ["sparse_prefill"])) == 4,
+           "sparse_prefill: 4 cases of d_qk 512")
     mha = cases.select(table, ["mha_prefill"])
     expect(len(mha) == 10, f"--families mha_prefill: 10 cases (got {len(mha)})")
     expect(cases.FAMILIES["mha_prefill"].sides == ("sdpa_cudnn", "sdpa_flash", "mlakit")
@@ -105,6 +112,30 @@ def test_sparse_data() -> None:
     nope_err = (back[:, :512] - kv[:, :512].double()).abs().max() / kv[:, :512].double().abs().max()
     expect(float(nope_err) <= 1 / 8 and bool((back[:, 512:] == kv[:, 512:].double()).all()),
            f"FP8 quantize round trip (NoPE rel err {float(nope_err):.3g}, RoPE exact)")
+
+
+def test_sparse_v4_data() -> None:
+    x = data.generate(SPARSE_V4, 3, "cpu")
+    t = x.tensors
+    expect(tuple(t["k_cache"].shape) == (t["records"].shape[0], 64, 1, 584) and t["k_cache"].stride(1) == 584
+           and t["k_cache"].stride(0) % 576 == 0, "V4 decode: the cache view [num_blocks, 64, 1, 584], blocks padded to 576")
+    for prefix in ("", "extra_"):
+        idx, records, scales = t[prefix + "indices"].long(), t[prefix + "records"], t[prefix + "scales"]
+        page = records.shape[1]
+        distinct = all(len(set(row.tolist())) == row.numel() for row in idx.view(-1, idx.shape[-1]))
+        expect(distinct, f"V4 decode {prefix}indices distinct per query token")
+        listed = torch.zeros(records.shape[0] * page, dtype=torch.bool)
+        listed[idx.flatten()] = True
+        listed = listed.view(records.shape[0], page)
+        expect(bool((records[~listed] == 0xFF).all() and (scales[~listed] == 0xFF).all()),
+               f"V4 decode {prefix}cache: unlisted records and scales all NaN bytes")
+        values = data.dequantize_fp8_v4(records[listed], scales[listed])
+        expect(bool(torch.isfinite(values).all()), f"V4 decode {prefix}cache: listed tokens finite")
+    kv = torch.randn(64, 512).to(torch.bfloat16)
+    back = data.dequantize_fp8_v4(*data.quantize_fp8_v4(kv))
+    nope_err = ((back[:, :448] - kv[:, :448].double()).abs() / kv[:, :448].double().abs().clamp(min=1e-3)).max()
+    expect(float(nope_err) <= 1 / 8 and bool((back[:, 448:] == kv[:, 448:].double()).all()),
+           f"V4 quantize round trip (NoPE rel err {float(nope_err):.3g}, RoPE exact)")
 
 
 def test_prefill_data() -> None:
@@ -229,7 +260,8 @@ def _mlakit():
 
 
 def test_references(api) -> None:
-    for case in (DENSE, SPARSE, PREFILL, *GQA.values(), MHA, MHA_D192, *VARLEN.values(), *MERGE.values()):
+    for case in (DENSE, SPARSE, SPARSE_V4, PREFILL, PREFILL_D512, *GQA.values(), MHA, MHA_D192, *VARLEN.values(),
+                 *MERGE.values()):
         x = data.generate(case, 5, "cpu")
         ref = reference.REFERENCES[case.family](x)
         if api is None:
@@ -253,6 +285,15 @@ def test_references(api) -> None:
             listed = torch.isfinite(mine.float())
             same = bool((mine.float()[listed] == theirs.float()[listed]).all())
             expect(same, "FP8 layout: mlakit dequantizes ours alike")
+        if case.family == "sparse_decode_v4":
+            from mlakit import dequantize_fp8_v4_cache
+
+            t = x.tensors
+            mine = data.dequantize_fp8_v4(t["records"], t["scales"]).to(torch.bfloat16)  # [blocks, page, 512]
+            theirs = dequantize_fp8_v4_cache(t["k_cache"])[:, :, 0]
+            listed = torch.isfinite(mine.float())
+            same = bool((mine.float()[listed] == theirs.float()[listed]).all())
+            expect(same, "V4 cache layout: mlakit dequantizes ours alike")
 
 
 def test_sdpa_side() -> None:
@@ -414,7 +455,7 @@ def _mha_prefill_run_loop(api, opts) -> List[dict]:
 def main(argv: List[str]) -> int:
     torch.manual_seed(0)
     api = _mlakit()
-    for test in (test_case_table, test_dense_data, test_sparse_data, test_prefill_data, test_gqa_data,
+    for test in (test_case_table, test_dense_data, test_sparse_data, test_sparse_v4_data, test_prefill_data, test_gqa_data,
                  test_mha_prefill_data, test_merge_data, test_mha_prefill_reference, test_sdpa_side,
                  test_merge_torch_side, test_kernel_names):
         test()

@@ -138,6 +138,12 @@ def flash_api_runner(side: str, api: Any, family: str, x: Inputs) -> Runner:
             return api.flash_mla_with_kvcache(
                 t["q"], t["k_cache"], None, None, D_V, meta, None, is_fp8_kvcache=True, indices=t["indices"]
             )
+    elif family == "sparse_decode_v4":
+        def run(meta: Any) -> Any:
+            return api.flash_mla_with_kvcache(
+                t["q"], t["k_cache"], None, None, D_V, meta, None, is_fp8_kvcache=True, indices=t["indices"],
+                extra_k_cache=t["extra_k_cache"], extra_indices_in_kvcache=t["extra_indices"],
+            )
     elif family == "sparse_prefill":
         def call() -> Any:
             return api.flash_mla_sparse_fwd(t["q"], t["kv"], t["indices"], t["sm_scale"], D_V)

@@ -9,8 +9,13 @@
 //     static constexpr KeyTiles kTiles = KeyTiles::kTma;      // KeyTiles below
 //     static constexpr PairOrder kOrder = PairOrder::kPvA1DuringSoftmaxB;
 //     static constexpr bool kMaxLogits = false;               // also write max_logits
+//     static constexpr int kScoreSlabs = 8;                   // optional: S over slabs 0..7 only
 //   };
 #pragma once
+
+#include <type_traits>
+
+#include "kernels/sm90/mla_config.cuh"
 
 namespace mlakit::detail::sm90 {
 
@@ -48,5 +53,19 @@ enum class PairOrder {
 
 template <class Options>
 inline constexpr bool kGatheredTiles = Options::kTiles != KeyTiles::kTma;
+
+// Slabs of S = Q K^T: an options type may name kScoreSlabs (8 for d_qk 512, whose K slab 8 would
+// hold zeros: its k-steps are skipped rather than multiplied, and nobody writes the slab but
+// P); every slab (9: d_qk 576) otherwise.
+template <class Options, class = void>
+struct ScoreSlabsOf {
+  static constexpr int value = Sm90MlaConfig::kSlabs;
+};
+template <class Options>
+struct ScoreSlabsOf<Options, std::void_t<decltype(Options::kScoreSlabs)>> {
+  static constexpr int value = Options::kScoreSlabs;
+};
+template <class Options>
+inline constexpr int kScoreSlabs = ScoreSlabsOf<Options>::value;
 
 }  // namespace mlakit::detail::sm90

@@ -24,6 +24,8 @@ class ScoreTiles {
   using Elem = typename Options::Elem;
   using Mma64 = device::sm90::Wgmma<64, Elem>;
   static constexpr bool kGathered = kGatheredTiles<Options>;
+  static_assert(kScoreSlabs<Options> == C::kSlabs || (kGathered && Options::kTiles == KeyTiles::kGathered),
+                "fewer score slabs: gathered tiles on one barrier only");
 
  public:
   __device__ ScoreTiles(Sm90MlaSmem& sm, ConsumerThread me) : sm_(sm), me_(me) {}
@@ -67,7 +69,7 @@ class ScoreTiles {
       await_tile(stage);
       dev::fence_proxy_async_smem();
       dev::wgmma_fence();
-      issue_slabs(s, q_desc, k_desc, 0, C::kSlabs);
+      issue_slabs(s, q_desc, k_desc, 0, kScoreSlabs<Options>);
     } else {
       dev::wgmma_fence();
 #pragma unroll

@@ -6,8 +6,8 @@
 // DeepSeek V3.2 tokens (656 bytes, common/fp8_cache_row.h), described below. DeepSeek V4 tokens
 // (a 576-byte record and 7 UE8M0 scale bytes, common/fp8_v4_cache_row.h): NoPE slabs 0..6, one
 // scale each (a V4 tile is one slab); the RoPE goes by cp.async into slab 7 (V's last slab: V4's
-// V is the whole row), and slab 8 (K columns 512..575, where Q is zero) is stored as zeros,
-// every tile, since P overwrites it.
+// V is the whole row); slab 8 (K columns 512..575) is not written: the V4 consumers compute S
+// over slabs 0..7 (SparseDecodeConsumer::kScoreSlabs), and only P goes there.
 //
 // Thread t serves key t / 2 of each tile and half t % 2 of its bytes. Per tile (slabs 0..3
 // once the stage's low half is free, the rest once its high half is: mla_config.cuh):
@@ -206,7 +206,6 @@ class Fp8GatherProducer {
                               bytes + kRopeOffset + chunk * 16);
         }
         device::cp_async_mbarrier_arrive_noinc(&sm_.full[stage][C::kGatheredTileBarrier]);
-        if constexpr (kV4) store_zero_slab(stage, C::kSlabs - 1);
       }
       // Slab k + kLookahead: of this tile, or of the next one.
       const int ahead = k + kLookahead;
@@ -223,14 +222,6 @@ class Fp8GatherProducer {
     if (threadIdx.x % dev::kWarpSize == 0) dev::mbarrier_arrive(&sm_.full[stage][C::kGatheredTileBarrier]);
     MLAKIT_SM90_STAMP(kProducerTileIssued);  // here: the last slab converted
     scales = next_scales;
-  }
-
-  // Zeros into the thread's chunks 4 half .. 4 half + 3 of its key's row of slab k.
-  __device__ void store_zero_slab(int stage, int k) {
-    namespace dev = mlakit::device::sm90;
-    const uint32_t row = dev::smem_u32(&sm_.kv[stage][k][key_ * dev::kSwizzleRowBytes]);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) dev::st_shared_16(row + dev::sw128_chunk_offset(key_, 4 * half_ + c), make_uint4(0, 0, 0, 0));
   }
 
   // The thread's 32 values of slab k, dequantized, into chunks 4 half .. 4 half + 3 of its

@@ -18,13 +18,15 @@
 namespace mlakit::detail::sm90 {
 
 // The sparse decode's consumers: bf16 rows dequantized by the FP8 gathering producer, P_A V_A,1
-// first (consumer_options.cuh).
+// first (consumer_options.cuh); V4 tokens (d_qk 512): S over slabs 0..7 only.
+template <Fp8TokenLayout kLayout>
 struct SparseDecodeConsumer {
   using Params = SparseDecodeParams;
   using Elem = __nv_bfloat16;
   static constexpr KeyTiles kTiles = KeyTiles::kGathered;
   static constexpr PairOrder kOrder = PairOrder::kPvA1First;
   static constexpr bool kMaxLogits = false;
+  static constexpr int kScoreSlabs = kLayout == Fp8TokenLayout::kV4 ? Sm90MlaConfig::kNopeSlabs : Sm90MlaConfig::kSlabs;
 };
 
 template <Fp8TokenLayout kLayout>
@@ -47,7 +49,7 @@ __global__ void __launch_bounds__(Sm90MlaConfig::kThreads, 1)
     });
   } else {
     dev::setmaxnreg_inc<C::kFp8ConsumerRegs>();
-    SeesawConsumer<SparseDecodeConsumer> consumer(p, sm, blockIdx.x, 0, q_by_tma ? &q_map : nullptr);
+    SeesawConsumer<SparseDecodeConsumer<kLayout>> consumer(p, sm, blockIdx.x, 0, q_by_tma ? &q_map : nullptr);
     consumer.run_part(range);
     if (threadIdx.x == dev::kWarpgroupThreads) MLAKIT_SM90_CTA_SPAN(true);  // consumer 0's first thread
   }
