@@ -190,16 +190,16 @@ def _mla_sparse_decode_schedule(
     depends on it)."""
     op = "mla_sparse_decode_schedule"
     plan = _C.MlaDecodePlan.from_fields(fields, workspace)
-    if plan.device < 0:
-        return
-    if s_q < 1 or plan.b % s_q != 0:
-        raise ValueError(f"{op}: s_q: expected a divisor of the plan's {plan.b} scheduled sequences (b * s_q), "
-                         f"got {s_q}")
     lists = _sparse_decode.plan_lists(plan)
     for name, given in (("topk_length", topk_length), ("extra_topk_length", extra_topk_length)):
         if lists[name] != (given is not None):
             raise ValueError(f"{op}: {name}: expected {'a tensor' if lists[name] else 'None'} (as given to the "
                              f"plan), got {'None' if given is None else 'a tensor'}")
+    if plan.device < 0:
+        return  # a host plan has no schedule
+    if s_q < 1 or plan.b % s_q != 0:
+        raise ValueError(f"{op}: s_q: expected a divisor of the plan's {plan.b} scheduled sequences (b * s_q), "
+                         f"got {s_q}")
     with torch.cuda.device(workspace.device):
         _C.mla_sparse_decode_plan(plan.b // s_q, s_q, plan.h_q, lists["topk"], topk_length, workspace,
                                   _stream(workspace), lists["extra_topk"], extra_topk_length)

@@ -11,7 +11,16 @@ torch = pytest.importorskip("torch")
 import mlakit  # noqa: E402
 import mlakit.torch_ops as ops  # noqa: E402
 from torch.library import opcheck  # noqa: E402
-from torch_ops_cases import PAGE, fake_args, gen, gqa_args, gqa_problem, merge_states_args, mla_problem  # noqa: E402
+from torch_ops_cases import (  # noqa: E402
+    PAGE,
+    fake_args,
+    gen,
+    gqa_args,
+    gqa_problem,
+    merge_states_args,
+    mla_problem,
+    v4_sparse_args,
+)
 
 OPS = torch.ops.mlakit
 # For float8 tensors: opcheck's schema test multiplies them, which float8 cannot on the CPU.
@@ -68,6 +77,28 @@ def test_mla_sparse_ops_pass_opcheck():
         for a, b_ in zip(got, mlakit.mla_sparse_prefill(qp, kv, ip, 0.05, 512, None, None, base)):
             assert_same(a, b_)
         opcheck(OPS.mla_sparse_prefill.default, (qp, kv, ip, 0.05, 512, None, None, base))
+
+
+def test_mla_sparse_decode_op_with_v4_tokens_and_a_second_cache_passes_opcheck():
+    a = v4_sparse_args(18)
+    b, s_q, h_q, _ = a["q"].shape
+    plan = ops.mla_sparse_decode_plan(b, s_q, h_q, 8, a["q"], None, 4, a["extra_topk_length"])
+    args = (a["q"], a["kv_cache"], a["indices"], None, None, plan[0], plan[1], None, a["extra_kv_cache"],
+            a["extra_indices"], a["extra_topk_length"])
+    out, lse = OPS.mla_sparse_decode(*args)
+    ref_out, ref_lse = mlakit.mla_sparse_decode(**a)
+    assert_same(out, ref_out)
+    assert_same(lse, ref_lse)
+    opcheck(OPS.mla_sparse_decode.default, args)
+    opcheck(OPS.mla_sparse_decode_schedule.default, (None, plan[0], plan[1], s_q, a["extra_topk_length"]))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = OPS.mla_sparse_decode(*fake_args(mode, args))
+    assert [(f.shape, f.dtype) for f in fake] == [(out.shape, out.dtype), (lse.shape, lse.dtype)]
+    # The schedule op re-plans the lists its plan was made for: the length tensors as then.
+    with pytest.raises(ValueError, match=r"mla_sparse_decode_schedule: extra_topk_length: expected a tensor"):
+        OPS.mla_sparse_decode_schedule(None, plan[0], plan[1], s_q)
 
 
 @pytest.mark.parametrize("cache", ["bf16", "int8", "fp8"])

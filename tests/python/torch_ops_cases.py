@@ -32,6 +32,24 @@ def mla_problem(seed, lengths=(20, 7), s_q=1, h_q=4, device="cpu"):
     return tuple(x.to(device) for x in (q, kv, table, torch.tensor(lengths, dtype=torch.int32)))
 
 
+def v4_sparse_args(seed, b=2, s_q=2, h_q=4, topk=8, extra_topk=4, device="cpu"):
+    """The arguments of a DeepSeek V4 sparse decode with a second cache, as a dict: q [b, s_q,
+    h_q, 512], kv_cache and extra_kv_cache quantized by mlakit (584-byte tokens, padded block
+    stride; page sizes 16 and 8), indices / extra_indices (with -1 and past-the-end slots) and
+    extra_topk_length."""
+    import mlakit
+
+    g = gen(seed)
+    q = torch.randn((b, s_q, h_q, 512), generator=g).to(torch.bfloat16).to(device)
+    caches = [mlakit.quantize_fp8_v4_cache((torch.randn((n, page, 1, 512), generator=g) / 10).to(torch.bfloat16)
+                                           .to(device)) for n, page in ((3, PAGE), (2, 8))]
+    idx = [torch.randint(-1, c.shape[0] * c.shape[1] + 2, (b, s_q, k), generator=g, dtype=torch.int32).to(device)
+           for c, k in zip(caches, (topk, extra_topk))]
+    lengths = torch.randint(0, extra_topk + 1, (b,), generator=g, dtype=torch.int32).to(device)
+    return dict(q=q, kv_cache=caches[0], indices=idx[0], extra_kv_cache=caches[1], extra_indices=idx[1],
+                extra_topk_length=lengths)
+
+
 def gqa_problem(seed, lengths=(20, 7), s_q=1, h_q=8, h_kv=2, d=64, device="cpu"):
     """(q, k_cache, v_cache, block_table, cache_seqlens, [k_new, v_new]) of a GQA decode."""
     g = gen(seed)
