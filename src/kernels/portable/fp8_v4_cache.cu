@@ -93,21 +93,18 @@ __device__ void dequantize_token(V4CacheToken src, uint16_t* dst, int lane) {
 __device__ int64_t first_token() { return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize; }
 __device__ int64_t token_step() { return static_cast<int64_t>(gridDim.x) * kWarpsPerBlock; }
 
-__global__ void quantize_kernel(V4ConvertArgs a) {
+template <V4Convert kDirection>
+__global__ void convert_kernel(V4ConvertArgs a) {
   const int64_t tokens = a.cache.num_blocks * a.cache.page_size;
   for (int64_t t = first_token(); t < tokens; t += token_step()) {
     const int64_t block = t / a.cache.page_size, offset = t % a.cache.page_size;
-    quantize_token(v4_token_row(a.rows, block, offset), v4_cache_token(a.cache, block, offset),
-                   threadIdx.x % kWarpSize);
-  }
-}
-
-__global__ void dequantize_kernel(V4ConvertArgs a) {
-  const int64_t tokens = a.cache.num_blocks * a.cache.page_size;
-  for (int64_t t = first_token(); t < tokens; t += token_step()) {
-    const int64_t block = t / a.cache.page_size, offset = t % a.cache.page_size;
-    dequantize_token(v4_cache_token(a.cache, block, offset), v4_token_row(a.rows, block, offset),
-                     threadIdx.x % kWarpSize);
+    uint16_t* row = v4_token_row(a.rows, block, offset);
+    const V4CacheToken token = v4_cache_token(a.cache, block, offset);
+    if constexpr (kDirection == V4Convert::kQuantize) {
+      quantize_token(row, token, threadIdx.x % kWarpSize);
+    } else {
+      dequantize_token(token, row, threadIdx.x % kWarpSize);
+    }
   }
 }
 
@@ -127,20 +124,22 @@ unsigned grid_for(int64_t tokens) {
   return static_cast<unsigned>(blocks < kMaxGridBlocks ? blocks : kMaxGridBlocks);
 }
 
-}  // namespace
-
-cudaError_t launch_quantize_mla_fp8_v4(const V4ConvertArgs& args, cudaStream_t stream) {
+template <V4Convert kDirection>
+cudaError_t launch_convert(const V4ConvertArgs& args, cudaStream_t stream) {
   const int64_t tokens = args.cache.num_blocks * args.cache.page_size;
   if (tokens == 0) return cudaSuccess;
-  quantize_kernel<<<grid_for(tokens), kWarpsPerBlock * kWarpSize, 0, stream>>>(args);
+  convert_kernel<kDirection><<<grid_for(tokens), kWarpsPerBlock * kWarpSize, 0, stream>>>(args);
   return cudaGetLastError();
 }
 
+}  // namespace
+
+cudaError_t launch_quantize_mla_fp8_v4(const V4ConvertArgs& args, cudaStream_t stream) {
+  return launch_convert<V4Convert::kQuantize>(args, stream);
+}
+
 cudaError_t launch_dequantize_mla_fp8_v4(const V4ConvertArgs& args, cudaStream_t stream) {
-  const int64_t tokens = args.cache.num_blocks * args.cache.page_size;
-  if (tokens == 0) return cudaSuccess;
-  dequantize_kernel<<<grid_for(tokens), kWarpsPerBlock * kWarpSize, 0, stream>>>(args);
-  return cudaGetLastError();
+  return launch_convert<V4Convert::kDequantize>(args, stream);
 }
 
 cudaError_t launch_append_mla_fp8_v4(const V4AppendArgs& args, cudaStream_t stream) {
