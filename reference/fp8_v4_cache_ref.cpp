@@ -32,7 +32,7 @@ void quantize_token(const void* src, V4CacheToken dst) {
 
 void dequantize_token(V4CacheToken src, void* dst) {
   for (int i = 0; i < kV4NopeDim; ++i) {
-    host::store_as<uint16_t>(dst, i, v4_dequantize_bits(src.record[i], ue8m0_to_float(src.scales[i / kV4Tile])));
+    host::store_as<uint16_t>(dst, i, v4_dequantize(src.record[i], ue8m0_to_float(src.scales[i / kV4Tile])));
   }
   std::memcpy(static_cast<unsigned char*>(dst) + 2 * kV4NopeDim, src.record + kV4RopeOffset, 2 * kV4RopeDim);
 }

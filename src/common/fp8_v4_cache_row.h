@@ -67,8 +67,13 @@ MLAKIT_HD float ue8m0_to_float(uint8_t byte) {
 MLAKIT_HD uint8_t v4_quantize(float x, float scale) { return float_to_e4m3(x / scale); }
 
 // One dequantized value as bf16 bits: float(stored) * scale, exact in bf16 for every stored
-// scale (3 mantissa bits times a power of two), so no rounding choice is involved.
-MLAKIT_HD uint16_t v4_dequantize(uint8_t v, float scale) { return float_to_bf16_bits(e4m3_to_float(v) * scale); }
+// scale (3 mantissa bits times a power of two), so no rounding choice is involved. A NaN code
+// or scale gives the one NaN pattern 0x7fc0 on the CPU and the GPU alike (a float NaN product
+// keeps an operand's sign and payload on the CPU, is 0x7fffffff on the GPU).
+MLAKIT_HD uint16_t v4_dequantize(uint8_t v, float scale) {
+  const uint16_t h = float_to_bf16_bits(e4m3_to_float(v) * scale);
+  return (h & 0x7fffu) > 0x7f80u ? uint16_t{0x7fc0} : h;
+}
 
 // Byte offsets, from the start of the block, of token `offset`'s record and scale record in a
 // block of page_size tokens.

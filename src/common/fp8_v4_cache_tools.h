@@ -45,14 +45,6 @@ MLAKIT_HD uint16_t* v4_token_row(const V4TokenRows& rows, int64_t block, int64_t
   return static_cast<uint16_t*>(rows.data) + block * rows.block_stride + offset * rows.token_stride;
 }
 
-// One dequantized value as bf16 bits (v4_dequantize) with one NaN pattern, 0x7fc0, on the CPU
-// and the GPU alike: a NaN code or scale gives a float NaN that keeps the operand's sign and
-// payload on the CPU but is 0x7fffffff on the GPU.
-MLAKIT_HD uint16_t v4_dequantize_bits(uint8_t v, float scale) {
-  const uint16_t h = v4_dequantize(v, scale);
-  return (h & 0x7fffu) > 0x7f80u ? uint16_t{0x7fc0} : h;
-}
-
 // quantize and dequantize: tokens and cache of the same num_blocks and page_size.
 struct V4ConvertArgs {
   V4TokenRows rows;

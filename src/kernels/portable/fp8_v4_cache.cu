@@ -84,7 +84,7 @@ __device__ void dequantize_token(V4CacheToken src, uint16_t* dst, int lane) {
   *reinterpret_cast<uint4*>(q) = *reinterpret_cast<const uint4*>(src.record + first);
   alignas(16) uint16_t v[kValuesPerLane];
 #pragma unroll
-  for (int i = 0; i < kValuesPerLane; ++i) v[i] = v4_dequantize_bits(q[i], scale);
+  for (int i = 0; i < kValuesPerLane; ++i) v[i] = v4_dequantize(q[i], scale);
   *reinterpret_cast<uint4*>(dst + first) = *reinterpret_cast<const uint4*>(&v[0]);
   *reinterpret_cast<uint4*>(dst + first + 8) = *reinterpret_cast<const uint4*>(&v[8]);
 }
