@@ -222,11 +222,10 @@ def flash_mla_with_kvcache(
             raise ValueError(f"{op}: {', '.join(given)}: expected None for dense attention (no indices)")
         checks.array(op, "block_table", block_table, "[b, max_num_blocks_per_seq]")
         checks.array(op, "cache_seqlens", cache_seqlens, "[b]")
-        extra_topk = 0
     else:
         checks.optional_array(op, "topk_length", topk_length, "[b]")
         checks.optional_array(op, "attn_sink", attn_sink, "[h_q]")
-        extra_topk = check_second_cache(op, extra_k_cache, extra_indices_in_kvcache, extra_topk_length, _EXTRA_NAMES)
+        check_second_cache(op, extra_k_cache, extra_indices_in_kvcache, extra_topk_length, _EXTRA_NAMES)
     if softmax_scale is None:  # FlashMLA's default, of q's head dim
         softmax_scale = int(q.shape[-1]) ** -0.5
 
