@@ -346,3 +346,37 @@ def test_pytorch_cpu_tensors_match_the_numpy_decode():
         extra_indices_in_kvcache=t(extra_idx), topk_length=t(n), extra_topk_length=t(extra_n),
     )
     check(out.view(torch.uint16).numpy(), lse.numpy(), *ref)
+
+
+def test_the_docs_snippet_decodes_over_two_caches():
+    """docs/python.md, Sparse decode: its snippet, run on CPU tensors, against the NumPy
+    decode over the caches it quantized."""
+    torch = pytest.importorskip("torch")
+    import os
+    import types
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
+    with open(path) as f:
+        text = f.read().split("\n### Sparse decode: DeepSeek V3.2 and V4 tokens, a second cache\n", 1)[1]
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    rng = np.random.default_rng(51)
+    b, s_q, h_q, topk, extra_topk = 2, 2, 8, 32, 12
+    g = torch.Generator().manual_seed(51)
+    kv = (torch.randn((3, 64, 1, 512), generator=g) / 10).to(torch.bfloat16)
+    extra_kv = (torch.randn((2, 16, 1, 512), generator=g) / 10).to(torch.bfloat16)
+    indices = torch.randint(-1, 3 * 64, (b, s_q, topk), generator=g, dtype=torch.int32)
+    extra_indices = torch.randint(-1, 2 * 16, (b, s_q, extra_topk), generator=g, dtype=torch.int32)
+    scope = dict(mlakit=mlakit, kv=kv, extra_kv=extra_kv, b=b, s_q=s_q, h_q=h_q, topk=topk, layers=range(2),
+                 q=torch.from_numpy(queries(rng, b, s_q, h_q, V4_D_QK)).view(torch.bfloat16), indices=indices,
+                 topk_length=torch.tensor([topk, 9], dtype=torch.int32), extra_indices=extra_indices,
+                 extra_topk_length=torch.tensor([3, extra_topk], dtype=torch.int32),
+                 attn_sink=torch.from_numpy(rng.standard_normal(h_q).astype(np.float32)))
+    exec(code, scope)
+
+    def keys(cache):
+        return types.SimpleNamespace(keys=mlakit.dequantize_fp8_v4_cache(cache).float().double().numpy().reshape(-1, 512))
+
+    lists = [(keys(scope["kv_cache"]), indices.numpy(), scope["topk_length"].numpy()),
+             (keys(scope["extra_cache"]), extra_indices.numpy(), scope["extra_topk_length"].numpy())]
+    ref = reference(scope["q"].view(torch.uint16).numpy(), lists, sink=scope["attn_sink"].numpy())
+    check(scope["out"].view(torch.uint16).numpy(), scope["lse"].numpy(), *ref)
