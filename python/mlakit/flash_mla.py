@@ -13,8 +13,8 @@ flash_mla``, same names, arguments, defaults, shapes and return values.
   ``extra_topk_length``) whose tokens join the first's under one softmax. A
   ``FlashMLASchedMeta`` records the first call's configuration (``extra_page_block_size`` and
   ``extra_topk`` included) and later calls must agree, as in FlashMLA; metadata arrays from
-  ``get_mla_metadata(*args)`` (no extra arguments there) serve only calls without a second
-  cache.
+  ``get_mla_metadata(*args)`` (no length or second-cache arguments there) serve only calls
+  without topk_length and without a second cache.
 - ``flash_mla_sparse_fwd``: sparse prefill. Like the FlashMLA that engines run on Hopper, it
   returns natural-log ``max_logits`` and ``lse``; ``lse_base="2"`` (keyword only, mlakit's
   one switch) returns base-2 ones, as FlashMLA's 2025 releases did (docs/contract.md).
@@ -106,8 +106,7 @@ def get_mla_metadata(
     ``num_q_tokens_per_head_k`` = s_q * h_q / h_k; ``num_heads_k`` = h_k. For the sparse FP8
     decode pass ``num_heads_q``, ``is_fp8_kvcache=True`` and ``topk``; this form takes no
     topk_length and no second cache, so its sparse schedule serves only calls without
-    topk_length, extra_k_cache and extra_topk_length (a ValueError otherwise: use the object
-    form). Pass the returned arrays themselves to flash_mla_with_kvcache (mlakit finds its
+    topk_length and without extra_k_cache (a ValueError otherwise: use the object form). Pass the returned arrays themselves to flash_mla_with_kvcache (mlakit finds its
     plan from them, so copies cost a new plan per call). Host arrays get placeholders of the
     same shapes (the CPU reference needs no schedule).
     """
