@@ -155,6 +155,19 @@ def extension_view(x: Any) -> Any:
     return x
 
 
+def traced(x: Any) -> bool:
+    """Whether torch.compile is tracing a call on `x` (a PyTorch tensor): such a call goes
+    through its torch.ops.mlakit op, which the compiled graph keeps as one node. Eager calls go
+    straight to the extension: the op's Python dispatch (autograd, ADInplaceOrView and backend
+    layers, alias checks) costs 100-200 us of host time per call, more than a short decode
+    kernel takes, and a decode step queued from Python would wait on it."""
+    if framework(x) != "torch":
+        return False
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
 def current_stream(like: Any) -> int:
     """The caller's current CUDA stream for `like`'s device, as an integer handle."""
     kind = framework(like)

@@ -248,7 +248,7 @@ def flash_mla_with_kvcache(
         lists = schedules.KeyLists.of_call(indices, topk_length, extra_indices_in_kvcache, extra_topk_length)
         schedule = _schedule(tile_scheduler_metadata, q, k_cache, cache_seqlens, lists, topk_length, extra_topk_length)
         plan = schedule.plan_for(q, lists)
-        if arrays.framework(q) == "torch":  # through torch.ops.mlakit (mlakit.torch_ops), as compiled models call it
+        if arrays.traced(q):  # through torch.ops.mlakit (mlakit.torch_ops): one node of the compiled graph
             import torch
 
             from . import torch_ops  # noqa: F401  (registers the ops)
@@ -300,7 +300,7 @@ def flash_mla_sparse_fwd(
     op = "flash_mla_sparse_fwd"
     if indexer_topk != 0:
         raise NotImplementedError(f"{op}: indexer_topk: only 0 is supported, got {indexer_topk}")
-    if arrays.framework(q) == "torch" and not arrays.on_host(q):  # through torch.ops.mlakit, as the decode
+    if arrays.traced(q) and not arrays.on_host(q):  # through torch.ops.mlakit, as the decode
         sm_scale, d_v = check_prefill_arguments(op, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base)
         import torch
 
@@ -445,7 +445,7 @@ def _varlen(
         op, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, softmax_scale, causal,
         names=_VARLEN_NAMES[op],
     )
-    if arrays.framework(q) == "torch":  # through torch.ops.mlakit (mlakit.torch_ops), as compiled models call it
+    if arrays.traced(q):  # through torch.ops.mlakit (mlakit.torch_ops): one node of the compiled graph
         import torch
 
         from . import torch_ops  # noqa: F401  (registers the ops)

@@ -183,11 +183,12 @@ def test_a_plan_of_another_problem_is_an_error():
         OPS.gqa_decode(*gqa_args(q, k, v, table, lengths, (small[0][:16], small[1])))
 
 
-def test_flash_mla_drop_in_runs_through_the_ops():
+def test_flash_mla_drop_in_calls_the_extension_directly_in_eager_mode():
     q, kv, table, lengths = mla_problem(14, lengths=(500, 40), h_q=16, device=CUDA)
     metadata, splits = flash_mla.get_mla_metadata(lengths, 16, 1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         out, lse = flash_mla.flash_mla_with_kvcache(q, kv, table, lengths, 512, metadata, splits)
-    assert any(e.name == "mlakit::mla_decode" for e in prof.events())
+    # Eager: no torch.ops dispatch (its host cost exceeds a short decode); compiled: the op.
+    assert not any(e.name == "mlakit::mla_decode" for e in prof.events())
     want_out, want_lse = mlakit.mla_decode(q, kv, table, lengths)
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)

@@ -222,7 +222,7 @@ def test_flash_attn_varlen_errors_name_the_function_and_argument():
         kvp(q, kv, cu_q, cu_k, 3, 4, 128, is_varlen=False)
 
 
-def test_flash_attn_varlen_on_cpu_tensors_runs_the_op_and_compiles_without_graph_breaks():
+def test_flash_attn_varlen_on_cpu_tensors_eager_without_the_op_compiled_through_it():
     torch = pytest.importorskip("torch")
     import mlakit.torch_ops  # noqa: F401
 
@@ -233,7 +233,8 @@ def test_flash_attn_varlen_on_cpu_tensors_runs_the_op_and_compiles_without_graph
     cu_q, cu_k = torch.tensor([0, 4, 4, 9], dtype=torch.int32), torch.tensor([0, 2, 7, 12], dtype=torch.int32)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         out, lse = flash_mla.flash_attn_varlen_func(q, kv[:, :, :64], kv[:, :, 64:], cu_q, cu_k, 5, 5, causal=True)
-    assert any(e.name == "mlakit::mha_prefill" for e in prof.events())
+    # Eager calls skip the op's dispatch (mlakit._arrays.traced); the compiled step below uses it.
+    assert not any(e.name == "mlakit::mha_prefill" for e in prof.events())
     assert lse.shape == (9, 4) and lse.stride() == (1, 9)
 
     def step(q, kv, qkv):
