@@ -13,6 +13,7 @@ of the same form.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any, Optional, Sequence, Tuple
 
@@ -23,9 +24,11 @@ def _type_name(x: Any) -> str:
     return type(x).__name__
 
 
+@functools.lru_cache(maxsize=None)
 def _dims(dims: str) -> Tuple[Sequence[str], bool]:
-    """'[b, s_q, h_q, d_qk]' -> (names, False); '[..., 576]' -> (['576'], True)."""
-    names = [d.strip() for d in dims.strip("[]").split(",")]
+    """'[b, s_q, h_q, d_qk]' -> (names, False); '[..., 576]' -> (['576'], True). Cached: the
+    entry points pass a few constant strings, and a decode call checks several arrays."""
+    names = tuple(d.strip() for d in dims.strip("[]").split(","))
     return (names[1:], True) if names[0] == "..." else (names, False)
 
 
@@ -52,6 +55,8 @@ def array_of_rank(op: str, name: str, x: Any, dims: str, low: int, high: int) ->
 
 def _exportable_shape(op: str, name: str, x: Any, dims: str) -> Tuple[int, ...]:
     """The shape of `x`, once it is known to be an array DLPack can carry."""
+    if type(x).__module__ == "torch" and type(x).__name__ in ("Tensor", "Parameter"):
+        return tuple(x.shape)  # the common case, without the generic probes below (a torch.Size holds ints)
     if x is None or not (hasattr(x, "__dlpack__") and hasattr(x, "shape")):
         raise TypeError(f"{op}: {name}: expected {_FRAMEWORKS} {dims}, got {'None' if x is None else _type_name(x)}")
     _check_exportable(op, name, x)

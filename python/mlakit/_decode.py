@@ -93,7 +93,9 @@ def mla_decode(
             if arrays.on_host(cache_seqlens):  # its plan would be the CPU reference's placeholder
                 raise ValueError("mla_decode: cache_seqlens: expected device memory (q is on the device), got a host array")
             plan = mla_decode_plan(cache_seqlens, s_q, h_q, int(kv_cache.shape[2]))
+        x = arrays.to_extension
         _C.mla_decode(
-            q, kv_cache, block_table, cache_seqlens, out, lse, plan[1], softmax_scale, causal, arrays.current_stream(q)
+            x(q), x(kv_cache), x(block_table), x(cache_seqlens), x(out), x(lse), plan[1], softmax_scale, causal,
+            arrays.current_stream(q),
         )
     return out, lse

@@ -154,8 +154,9 @@ def mla_sparse_decode(
             plan = mla_sparse_decode_plan(
                 b, s_q, h_q, int(indices.shape[-1]), q, topk_length, extra_topk, extra_topk_length
             )
+        x = arrays.to_extension
         _C.mla_sparse_decode_fp8(
-            q, v(kv_cache), indices, topk_length, attn_sink, out, lse, plan[1], softmax_scale,
-            arrays.current_stream(q), v(extra_kv_cache), extra_indices, extra_topk_length,
+            x(q), x(kv_cache), x(indices), x(topk_length), x(attn_sink), x(out), x(lse), plan[1], softmax_scale,
+            arrays.current_stream(q), x(extra_kv_cache), x(extra_indices), x(extra_topk_length),
         )
     return out, lse

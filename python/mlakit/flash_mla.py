@@ -265,14 +265,15 @@ def flash_mla_with_kvcache(
         out = arrays.empty(q, (b, s_q, h_q, D_V))
         lse = arrays.empty(q, (b, h_q, s_q), "float32")
         stream = arrays.current_stream(q)
+        x = arrays.to_extension
         if sparse:
-            view = arrays.extension_view
             _sparse_decode_on_device(
-                q, view(k_cache), indices, topk_length, attn_sink, out, lse, plan, softmax_scale, stream,
-                view(extra_k_cache), extra_indices_in_kvcache, extra_topk_length,
+                x(q), x(k_cache), x(indices), x(topk_length), x(attn_sink), x(out), x(lse), plan, softmax_scale,
+                stream, x(extra_k_cache), x(extra_indices_in_kvcache), x(extra_topk_length),
             )
         else:
-            _decode_on_device(q, k_cache, block_table, cache_seqlens, out, lse, plan, softmax_scale, causal, stream)
+            _decode_on_device(x(q), x(k_cache), x(block_table), x(cache_seqlens), x(out), x(lse), plan, softmax_scale,
+                              causal, stream)
     return out, lse
 
 
