@@ -24,8 +24,8 @@ class ScoreTiles {
   using Elem = typename Options::Elem;
   using Mma64 = device::sm90::Wgmma<64, Elem>;
   static constexpr bool kGathered = kGatheredTiles<Options>;
-  static_assert(kScoreSlabs<Options> == C::kSlabs || (kGathered && Options::kTiles == KeyTiles::kGathered),
-                "fewer score slabs: gathered tiles on one barrier only");
+  static_assert(kScoreSlabs<Options> == C::kSlabs || (kGathered && kScoreSlabs<Options> > C::kFirstHighSlab),
+                "fewer score slabs: gathered tiles only (TMA tiles complete per slab group), the high half not empty");
 
  public:
   __device__ ScoreTiles(Sm90MlaSmem& sm, ConsumerThread me) : sm_(sm), me_(me) {}
@@ -63,7 +63,7 @@ class ScoreTiles {
         dev::fence_proxy_async_smem();
       }
       dev::wgmma_fence();
-      issue_slabs(s, q_desc, k_desc, C::kFirstHighSlab, C::kSlabs);
+      issue_slabs(s, q_desc, k_desc, C::kFirstHighSlab, kScoreSlabs<Options>);
       MLAKIT_SM90_STAMP(kConsumerHighIssued);
     } else if constexpr (kGathered) {
       await_tile(stage);

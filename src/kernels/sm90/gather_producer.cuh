@@ -61,7 +61,9 @@ __device__ __forceinline__ uint32_t key_mask_of_lane_pairs(uint32_t ballot) {
   return mask;
 }
 
-template <typename Elem>
+// kSlabs: the slabs of a row copied, 9 (d_qk 576) or 8 (d_qk 512: the consumers compute S over
+// slabs 0..7, kScoreSlabs, and slab 8 is left to P).
+template <typename Elem, int kSlabs>
 __device__ __forceinline__ void produce_gathered(const SparsePrefillParams& p, int tile, int seq, int L, Sm90MlaSmem& sm) {
   namespace dev = mlakit::device::sm90;
   using C = Sm90MlaConfig;
@@ -70,7 +72,7 @@ __device__ __forceinline__ void produce_gathered(const SparsePrefillParams& p, i
   const int group = lane / dev::kSwizzleRowChunks, chunk = lane % dev::kSwizzleRowChunks;
   const uint8_t* kv = static_cast<const uint8_t*>(p.keys.kv) + chunk * dev::kSwizzleChunkBytes;  // + row offset + 128 s
   const int32_t* indices = p.keys.indices + seq_offset(p.core, seq, p.keys.indices_stride_b, p.keys.indices_stride_s);
-  const bool rope_stored = p.core.d_qk > C::kDv;  // d_qk 512: the RoPE slab is zero-filled
+  static_assert(kSlabs == C::kSlabs || kSlabs == C::kNopeSlabs, "d_qk 576 or 512");
   const int tiles = segment_tiles(p.core, 0, tile, L, 0, L);
   auto slot_of = [&](int i, int j) {
     const int key = i * C::kKeys + 16 * warp + 4 * j + group;
@@ -103,7 +105,7 @@ __device__ __forceinline__ void produce_gathered(const SparsePrefillParams& p, i
     // chunk ^ (row & 7), row & 7 = 4 (j & 1) + group: the swizzle of row 4 j + group.
     uint8_t* dst = &sm.kv[stage][0][(16 * warp + group) * dev::kSwizzleRowBytes];
 #pragma unroll
-    for (int s = 0; s < C::kSlabs; ++s) {
+    for (int s = 0; s < kSlabs; ++s) {
       if (s == C::kFirstHighSlab) {  // slabs 4..8 once the stage's other half is free too
         // The low half completes on its own barrier, so S can start on it.
         device::cp_async_mbarrier_arrive_noinc(&sm.full[stage][C::kGatheredLowHalfBarrier]);
@@ -114,8 +116,7 @@ __device__ __forceinline__ void produce_gathered(const SparsePrefillParams& p, i
       for (int j = 0; j < kRowsPerThread; ++j) {
         const int swizzled = dev::sw128_chunk_offset(4 * j + group, chunk);
         device::cp_async_16_or_zero(dst + s * C::kSlabBytes + j * 4 * dev::kSwizzleRowBytes + swizzled,
-                                    src[j] + s * dev::kSwizzleRowBytes,
-                                    valid[j] && (s < C::kNopeSlabs || rope_stored));
+                                    src[j] + s * dev::kSwizzleRowBytes, valid[j]);
       }
     }
     device::cp_async_mbarrier_arrive_noinc(&sm.full[stage][C::kGatheredTileBarrier]);

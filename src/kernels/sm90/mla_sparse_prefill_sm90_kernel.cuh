@@ -20,17 +20,19 @@
 namespace mlakit::detail::sm90 {
 
 // The sparse prefill's consumers: gathered bf16 rows landing in halves, softmax B first
-// (consumer_options.cuh), max_logits written.
-template <typename ElemT>
+// (consumer_options.cuh), max_logits written; S over the slabs that hold d_qk (9 for 576, 8 for 512).
+template <typename ElemT, int kSlabsOfQk>
 struct SparsePrefillConsumer {
   using Params = SparsePrefillParams;
   using Elem = ElemT;
   static constexpr KeyTiles kTiles = KeyTiles::kGatheredHalves;
   static constexpr PairOrder kOrder = PairOrder::kSoftmaxBFirst;
   static constexpr bool kMaxLogits = true;
+  static constexpr int kScoreSlabs = kSlabsOfQk;
 };
 
-template <typename Elem>
+// kScoreSlabs: the launcher's choice from d_qk (576: 9, 512: 8).
+template <typename Elem, int kScoreSlabs>
 __global__ void __launch_bounds__(Sm90MlaConfig::kThreads, 1)
     mla_sparse_prefill_sm90_kernel(const __grid_constant__ SparsePrefillParams p, const __grid_constant__ CUtensorMap q_map,
                                    const bool q_by_tma) {
@@ -45,7 +47,7 @@ __global__ void __launch_bounds__(Sm90MlaConfig::kThreads, 1)
   const int L = p.core.lengths(seq);
   if (threadIdx.x < dev::kWarpgroupThreads) {  // warpgroup 0: the producer
     dev::setmaxnreg_dec<C::kProducerRegs>();
-    produce_gathered<Elem>(p, tile, seq, L, sm);
+    produce_gathered<Elem, kScoreSlabs>(p, tile, seq, L, sm);
     // CTAs run in waves of one per SM: the CTA that starts when one of this wave's ends takes
     // about item blockIdx.x + SM count.
     const int64_t next = static_cast<int64_t>(blockIdx.x) + device::nsmid();
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(Sm90MlaConfig::kThreads, 1)
     }
   } else {
     dev::setmaxnreg_inc<C::kConsumerRegs>();
-    SeesawConsumer<SparsePrefillConsumer<Elem>> consumer(p, sm, tile, 0, q_by_tma ? &q_map : nullptr);
+    SeesawConsumer<SparsePrefillConsumer<Elem, kScoreSlabs>> consumer(p, sm, tile, 0, q_by_tma ? &q_map : nullptr);
     consumer.run_segment(seq, L, 0, L, 0);
   }
 #endif
