@@ -168,10 +168,10 @@ class Fp8GatherProducer {
 
   // The 128-byte lines of a token into L2 (16-byte aligned: a V3.2 token spans up to 6 lines, a
   // V4 record 5), split between the key's two threads: byte offsets 128j, the last byte for the
-  // last line. Not a V4 token's scales: their 8 bytes are loaded a whole tile ahead anyway
-  // (fill_tile's next_scales), and a prefetch would bring the 128-byte line of 16 tokens'
-  // scales from DRAM where the load reads one 32-byte sector (H100, V4 b64 h_q 128: 62 MB
-  // of DRAM reads against FlashMLA's 48 with the scale lines and record lines prefetched).
+  // last line. A V4 token's scales too, though their 8 bytes are loaded a tile ahead and the
+  // prefetch brings the 128-byte line of 16 tokens' scales from DRAM (62 MB of reads against
+  // FlashMLA's 48 at V4 b64 h_q 128): without it those cases ran 1-5% slower (H100, side by
+  // side, 2026-11-27; docs/history.md).
   __device__ void prefetch_token_l2(const Fp8TokenRef& t) const {
     constexpr int kBytes = kV4 ? kV4RecordBytes : kFp8TokenBytes;
 #pragma unroll
@@ -179,6 +179,8 @@ class Fp8GatherProducer {
       const int line = 3 * half_ + j;
       device::prefetch_l2(t.record + (line < 5 ? device::kCacheLineBytes * line : kBytes - 1));
     }
+    if (kV4 && half_ == 1) device::prefetch_l2(t.scales);
+  }
   }
 
   // Fills the tile of token `current` into `stage`; on return raw holds the first slabs of the
