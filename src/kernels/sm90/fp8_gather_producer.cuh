@@ -181,7 +181,6 @@ class Fp8GatherProducer {
     }
     if (kV4 && half_ == 1) device::prefetch_l2(t.scales);
   }
-  }
 
   // Fills the tile of token `current` into `stage`; on return raw holds the first slabs of the
   // token `next` (the next tile's key of this thread) and scales that token's scales.
