@@ -10,16 +10,23 @@ capture apply to it as to any other tensor of that framework.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Optional, Tuple
+from typing import Any, ContextManager, Dict, Optional, Tuple
 
 # DLPack device types that the CPU can read: kDLCPU and kDLCUDAHost (pinned memory).
 _HOST_DEVICE_TYPES = (1, 3)
 
 
+_FRAMEWORK_OF_TYPE: Dict[type, str] = {}
+
+
 def framework(x: Any) -> str:
-    """'numpy', 'torch', 'cupy' or 'other' (e.g. JAX, whose arrays are immutable)."""
-    module = type(x).__module__.split(".")[0]
-    return module if module in ("numpy", "torch", "cupy") else "other"
+    """'numpy', 'torch', 'cupy' or 'other' (e.g. JAX, whose arrays are immutable). Memoised per
+    type: a decode call asks ~20 times."""
+    kind = _FRAMEWORK_OF_TYPE.get(type(x))
+    if kind is None:
+        module = type(x).__module__.split(".")[0]
+        kind = _FRAMEWORK_OF_TYPE[type(x)] = module if module in ("numpy", "torch", "cupy") else "other"
+    return kind
 
 
 def on_host(x: Any) -> bool:
@@ -176,11 +183,13 @@ def to_extension(x: Any) -> Any:
     DLPack capsule made by torch.utils.dlpack.to_dlpack (float8 as its bytes), ~0.3 us where
     the extension's own import through Tensor.__dlpack__ costs ~3 us a tensor, a decode call
     passing seven or more; other arrays (and None) as extension_view gives them."""
-    if framework(x) != "torch":
+    if x is None or framework(x) != "torch":
         return extension_view(x)
     import torch.utils.dlpack
 
-    return torch.utils.dlpack.to_dlpack(extension_view(x))
+    if x.is_floating_point() and x.element_size() == 1:  # float8: its bytes
+        x = x.view(torch.uint8)
+    return torch.utils.dlpack.to_dlpack(x)
 
 
 def current_stream(like: Any) -> int:
