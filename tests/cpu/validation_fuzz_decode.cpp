@@ -174,6 +174,9 @@ Symbols sparse_symbols(Rng& rng) {
   s["topk"] = rng.size(1, 40);
   s["blocks"] = rng.size(0, 3);
   s["page"] = rng.size(1, 16);
+  s["extra_topk"] = rng.size(1, 20);  // the second cache's, when given
+  s["extra_blocks"] = rng.size(0, 3);
+  s["extra_page"] = rng.size(1, 16);
   return s;
 }
 
@@ -191,7 +194,27 @@ std::vector<TensorSpec> sparse_specs(const Symbols& s, bool reference) {
       {.name = "out", .dims = {sym("b"), sym("s_q"), sym("h_q"), fixed(512)}, .dtypes = {kBF16}, .or_float32 = reference,
        .output = true, .fill = Fill::kPoison},
       {.name = "lse", .dims = {sym("b"), sym("h_q"), sym("s_q")}, .dtypes = {kFP32}, .output = true, .fill = Fill::kPoison},
+      // The optional second cache (its pairing rules: run_sparse_decode's extra checks).
+      {.name = "extra_kv_cache", .dims = {sym("extra_blocks"), sym("extra_page"), fixed(1), fixed(656)},
+       .dtypes = {kUInt8, kFP8E4M3, kInt8}, .optional = true, .fill = Fill::kFp8Tokens},
+      {.name = "extra_indices", .dims = {sym("b"), sym("s_q"), sym("extra_topk")}, .dtypes = {kInt32}, .optional = true,
+       .fill = Fill::kIndex, .index_below = product_or(s.at("extra_blocks"), s.at("extra_page"), INT32_MAX)},
+      {.name = "extra_topk_length", .dims = {sym("b")}, .dtypes = {kInt32}, .optional = true, .fill = Fill::kIndex,
+       .index_below = std::min<int64_t>(s.at("extra_topk"), INT32_MAX) + 1},
   };
+}
+
+// The second cache's rules beyond each tensor's own: extra_kv_cache and extra_indices together,
+// extra_topk_length only with them, 1 <= extra_topk <= 2^20, a positive page size.
+void second_cache_violations(const std::vector<Arg>& t, const Symbols& got, std::vector<Violation>* v) {
+  const bool cache = !t[7].ref.empty(), indices = !t[8].ref.empty(), lengths = !t[9].ref.empty();
+  if (cache != indices) v->push_back({"extra_kv_cache / extra_indices", "one given without the other"});
+  if (lengths && !(cache && indices)) v->push_back({"extra_topk_length", "given without a second cache"});
+  if (cache && indices) {
+    const int64_t extra_topk = symbol(got, "extra_topk");
+    if (extra_topk < 1 || extra_topk > (1 << 20)) problem_violation("extra_indices.shape[2] (extra_topk)", extra_topk, v);
+    if (symbol(got, "extra_page") < 1) problem_violation("extra_kv_cache.shape[1] (page_size)", symbol(got, "extra_page"), v);
+  }
 }
 
 // b, s_q or h_q of 0: the empty problem, valid.
@@ -217,8 +240,17 @@ void run_sparse_decode(Rng& rng, Recorder& rec, int64_t index, bool reference) {
   call_and_check(
       rng, rec, index, c,
       [&] {
-        const MlaSparseDecodeArgs a{.q = t[0].ref, .kv_cache = t[1].ref, .indices = t[2].ref, .topk_length = t[3].ref,
-                                    .attn_sink = t[4].ref, .out = t[5].ref, .lse = t[6].ref, .softmax_scale = scale,
+        const MlaSparseDecodeArgs a{.q = t[0].ref,
+                                    .kv_cache = t[1].ref,
+                                    .indices = t[2].ref,
+                                    .topk_length = t[3].ref,
+                                    .extra_kv_cache = t[7].ref,
+                                    .extra_indices = t[8].ref,
+                                    .extra_topk_length = t[9].ref,
+                                    .attn_sink = t[4].ref,
+                                    .out = t[5].ref,
+                                    .lse = t[6].ref,
+                                    .softmax_scale = scale,
                                     .causal = causal};
         return reference ? reference::mla_sparse_decode_fp8(a, threads) : mla_sparse_decode_fp8(a, plan, nullptr);
       },
@@ -227,6 +259,7 @@ void run_sparse_decode(Rng& rng, Recorder& rec, int64_t index, bool reference) {
         if (symbol(got, "page") < 1) problem_violation("kv_cache.shape[1] (page_size)", symbol(got, "page"), v);
         if (causal) problem_violation("causal", 1, v);
         check_scale("softmax_scale", scale, v);
+        second_cache_violations(t, got, v);
       });
 }
 
