@@ -1,6 +1,6 @@
 """The README's Python snippet, run as written on NumPy host arrays (the README says host
-arrays run the CPU reference): plan, dense decode with the plan, FP8 cache, sparse decode,
-merge of partial states."""
+arrays run the CPU reference): plan, dense decode with the plan, FP8 cache, sparse decode
+(DeepSeek V3.2, and V4 with a second cache), merge of partial states."""
 
 import math
 
@@ -12,6 +12,8 @@ from numpy_cases import (
     D_QK,
     activations,
     as_float,
+    attention,
+    cache_values,
     dense_reference,
     fp8_cache_case,
     paged_case,
@@ -52,6 +54,25 @@ def test_the_readme_python_snippet_runs_on_numpy_arrays():
     )
     check_out(as_float(out), ref_out)
     check_stat(lse, ref_lse)
+
+    # DeepSeek V4 with a second cache: against float64 attention over both caches' dequantized tokens.
+    kv_v4_bf16 = to_bf16(cache_values(rng, (3, 16, 1, 512)))
+    recent_bf16 = to_bf16(cache_values(rng, (2, 8, 1, 512)))
+    q_v4 = to_bf16(activations(rng, (b, s_q, h_q, 512)))
+    indices_v4 = sparse_indices(rng, b, s_q, topk, 3 * 16)
+    window_indices = rng.integers(0, 2 * 8, size=(b, s_q, 8)).astype(np.int32)
+    # --- as in README.md ---
+    cache_v4, window = mlakit.quantize_fp8_v4_cache(kv_v4_bf16), mlakit.quantize_fp8_v4_cache(recent_bf16)
+    out, lse = mlakit.mla_sparse_decode(q_v4, cache_v4, indices_v4, extra_kv_cache=window, extra_indices=window_indices)
+    # ---
+    first = as_float(mlakit.dequantize_fp8_v4_cache(cache_v4)).reshape(-1, 512)
+    second = as_float(mlakit.dequantize_fp8_v4_cache(window)).reshape(-1, 512)
+    for i in range(b):
+        for t in range(s_q):
+            listed = [first[k] for k in indices_v4[i, t] if 0 <= k < len(first)] + [second[k] for k in window_indices[i, t]]
+            ref_out, ref_lse = attention(as_float(q_v4)[i, t], np.array(listed), 1 / math.sqrt(512))
+            check_out(as_float(out)[i, t], ref_out)
+            check_stat(lse[i, :, t], ref_lse)
 
     # Two partial states of the same rows: the sparse decode's result twice, its LSE viewed as
     # [b, s_q, h_q] like the out's rows; merged, the same output and an LSE larger by log 2.
