@@ -37,7 +37,8 @@ Ops (arguments as in the ``mlakit`` function of the same name):
   lse_base, out_lse_base)`` into the caller's buffers (an engine's preallocated, graph-captured
   ones; disjoint from the inputs)
 - ``quantize_fp8_cache``, ``dequantize_fp8_cache``, ``append_fp8_cache(tokens, slots,
-  cache!)``; ``quantize_gqa_cache``, ``dequantize_gqa_cache``, ``gqa_cache_append(...,
+  cache!)``; the DeepSeek V4 cache's ``quantize_fp8_v4_cache`` (the padded-block view),
+  ``dequantize_fp8_v4_cache``, ``append_fp8_v4_cache(tokens, slots, cache!)``; ``quantize_gqa_cache``, ``dequantize_gqa_cache``, ``gqa_cache_append(...,
   k_cache!, v_cache!, ...)``
 
 ``!``: written in place. The decodes also write the partial results of split sequences into
@@ -386,6 +387,42 @@ def _append_fp8_cache(tokens: Tensor, slots: Tensor, cache: Tensor) -> None:
 
 
 @_append_fp8_cache.register_fake
+def _(tokens, slots, cache):
+    return None
+
+
+@torch.library.custom_op(f"{_NS}::quantize_fp8_v4_cache", mutates_args=())
+def _quantize_fp8_v4_cache(kv: Tensor) -> Tensor:
+    return _fp8_cache.quantize_fp8_v4_cache(kv)
+
+
+@_quantize_fp8_v4_cache.register_fake
+def _(kv):
+    # The padded-block view quantize_fp8_v4_cache returns: [num_blocks, page_size, 1, 584] with
+    # blocks v4_block_stride(page_size) bytes apart.
+    num_blocks, page_size = kv.shape[0], kv.shape[1]
+    stride = _fp8_cache.v4_block_stride(page_size)
+    token = _fp8_cache.V4_TOKEN_BYTES
+    buffer = kv.new_empty((num_blocks, stride), dtype=torch.uint8)
+    return buffer.as_strided((num_blocks, page_size, 1, token), (stride, token, token, 1))
+
+
+@torch.library.custom_op(f"{_NS}::dequantize_fp8_v4_cache", mutates_args=())
+def _dequantize_fp8_v4_cache(cache: Tensor) -> Tensor:
+    return _fp8_cache.dequantize_fp8_v4_cache(cache)
+
+
+@_dequantize_fp8_v4_cache.register_fake
+def _(cache):
+    return cache.new_empty(tuple(cache.shape[:-1]) + (_fp8_cache.V4_D_QK,), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op(f"{_NS}::append_fp8_v4_cache", mutates_args=("cache",))
+def _append_fp8_v4_cache(tokens: Tensor, slots: Tensor, cache: Tensor) -> None:
+    _fp8_cache.append_fp8_v4_cache(tokens, slots, cache)
+
+
+@_append_fp8_v4_cache.register_fake
 def _(tokens, slots, cache):
     return None
 

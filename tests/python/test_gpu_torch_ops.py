@@ -192,3 +192,20 @@ def test_flash_mla_drop_in_calls_the_extension_directly_in_eager_mode():
     assert not any(e.name == "mlakit::mla_decode" for e in prof.events())
     want_out, want_lse = mlakit.mla_decode(q, kv, table, lengths)
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def test_v4_cache_tool_ops_on_cuda_match_the_cpu_bit_for_bit():
+    g = gen(77)
+    kv = (torch.randn((3, 64, 1, 512), generator=g) / 10).to(torch.bfloat16)
+    tokens = torch.randn((4, 512), generator=g).to(torch.bfloat16)
+    slots = torch.tensor([0, 65, -1, 191], dtype=torch.int32)
+    host = OPS.quantize_fp8_v4_cache(kv)
+    device = OPS.quantize_fp8_v4_cache(kv.to(CUDA))
+    assert device.stride() == host.stride() and torch.equal(device.cpu(), host)
+    assert torch.equal(OPS.dequantize_fp8_v4_cache(device).cpu(), OPS.dequantize_fp8_v4_cache(host))
+    OPS.append_fp8_v4_cache(tokens, slots, host)
+    OPS.append_fp8_v4_cache(tokens.to(CUDA), slots.to(CUDA), device)
+    assert torch.equal(device.cpu(), host)
+    opcheck(OPS.quantize_fp8_v4_cache.default, (kv.to(CUDA),))
+    opcheck(OPS.dequantize_fp8_v4_cache.default, (device,))
+    opcheck(OPS.append_fp8_v4_cache.default, (tokens.to(CUDA), slots.to(CUDA), OPS.quantize_fp8_v4_cache(kv.to(CUDA))))

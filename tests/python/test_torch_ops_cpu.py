@@ -148,6 +148,24 @@ def test_cache_tool_ops_match_the_package_functions():
     for args in ((kv,), (packed,)):
         opcheck((OPS.quantize_fp8_cache if args[0] is kv else OPS.dequantize_fp8_cache).default, args)
     opcheck(OPS.append_fp8_cache.default, (tokens, slots, packed.clone()))
+    # The DeepSeek V4 cache: the padded-block view (fake and real alike), its tools as ops.
+    kv4 = (torch.randn((2, 69, 1, 512), generator=g) / 10).to(torch.bfloat16)
+    cache4 = OPS.quantize_fp8_v4_cache(kv4)
+    assert_same(cache4, mlakit.quantize_fp8_v4_cache(kv4))
+    assert cache4.shape == (2, 69, 1, 584) and cache4.stride() == (40320, 584, 584, 1)  # 69 * 584 = 40296 -> 70 * 576
+    assert_same(OPS.dequantize_fp8_v4_cache(cache4), mlakit.dequantize_fp8_v4_cache(cache4))
+    tokens4 = torch.randn((3, 512), generator=g).to(torch.bfloat16)
+    mine4 = OPS.quantize_fp8_v4_cache(kv4)
+    theirs4 = OPS.quantize_fp8_v4_cache(kv4)
+    OPS.append_fp8_v4_cache(tokens4, slots, mine4)
+    mlakit.append_fp8_v4_cache(tokens4, slots, theirs4)
+    assert torch.equal(mine4, theirs4) and not torch.equal(mine4, cache4)
+    # opcheck also runs the ops on contiguous copies of the inputs: a page of 64 keeps such a
+    # copy's blocks 16-byte aligned (64 * 584 bytes), as the kernels need.
+    kv64 = (torch.randn((2, 64, 1, 512), generator=g) / 10).to(torch.bfloat16)
+    opcheck(OPS.quantize_fp8_v4_cache.default, (kv64,))
+    opcheck(OPS.dequantize_fp8_v4_cache.default, (OPS.quantize_fp8_v4_cache(kv64),))
+    opcheck(OPS.append_fp8_v4_cache.default, (tokens4, slots, OPS.quantize_fp8_v4_cache(kv64)))
     _, k, _, table, lengths, (k_new, v_new) = gqa_problem(5)
     values, scale = OPS.quantize_gqa_cache(k, "fp8", torch.tensor([0.02]))
     assert scale.shape == (1,)
