@@ -62,8 +62,9 @@ struct PagedCache {
 };
 
 // The sparse operations' keys: key j of scheduled sequence i is cache slot indices[..][j]
-// (listed_slot), in page page_divisor.quotient(slot). The sparse decode's pages hold 656-byte
-// FP8 tokens; the prefill's kv is rows in q's dtype, pages of one row (slot = row).
+// (listed_slot), in page page_divisor.quotient(slot). The sparse decode's pages hold FP8
+// tokens of either layout (kernels/fp8_tokens.cuh; V4: kv_stride_page is the 576-byte record
+// stride); the prefill's kv is rows in q's dtype, pages of one row (slot = row).
 struct ListedKeys {
   const void* kv;
   int64_t kv_stride_block, kv_stride_page;

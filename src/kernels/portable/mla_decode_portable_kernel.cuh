@@ -18,7 +18,7 @@
 // SparsePrefillParams, rows (position -> indices -> row in q's dtype).
 //
 // Warps: 8, no specialisation. Per key tile of kKeys keys:
-//   1. threads 0..kKeys-1 translate key positions to key row offsets through the block table
+//   1. threads 0..kKeys-1 translate key positions to key rows through the block table
 //      or the index list (unused or invalid slots are never dereferenced: their rows are
 //      zero-filled);
 //   2. all threads copy the key rows into shared memory (cp.async, 16 B);
@@ -249,8 +249,8 @@ class DecodeCta {
     __syncthreads();
   }
 
-  // Sparse FP8 decode: valid tokens are dequantized from the 656-byte format into the bf16 K
-  // tile (common/fp8_cache_row.h, the same arithmetic as the reference).
+  // Sparse FP8 decode, DeepSeek V3.2 tokens: valid tokens are dequantized from the 656-byte
+  // format into the bf16 K tile (common/fp8_cache_row.h, the same arithmetic as the reference).
   __device__ void dequantize_fp8_keys() {
     constexpr int kNopeChunks = kFp8NopeDim / C::kChunk;
     for (int c = tid_; c < C::kKeys * C::kChunksPerRow; c += C::kThreads) {
