@@ -19,7 +19,8 @@
 #          CASES cases per family and kernel, default 500: >= 10,000 calls each), and the FP8
 #          sparse decode's race reproducer (the first sparse coverage case) called 1,000 times.
 #   --sanitize: compute-sanitizer memcheck, racecheck, synccheck and initcheck over the reduced
-#          stress suite (its coverage cases reach every kernel instance, 2 calls each).
+#          stress suite (its first 13 cases per family: the coverage cases, which reach every kernel
+#          instance, the V4 sparse decode's included; 2 calls each).
 #   --pip: also `pip install .` into a fresh venv (build dependencies from .pip-wheels/ when the
 #          machine has no index: the device has no internet) and run the Python tests against
 #          the installed package, from outside the repository.
@@ -133,7 +134,7 @@ if [ "$run_sanitize" = 1 ]; then
   # report is an error exit (--error-exitcode), and its summary line goes to the summary.
   for tool in memcheck synccheck initcheck racecheck; do
     tool_start=$(date +%s)
-    MLAKIT_STRESS_CALLS=2 MLAKIT_STRESS_CASES="${SANITIZE_CASES:-12}" timeout "${SANITIZE_TIMEOUT:-300}" \
+    MLAKIT_STRESS_CALLS=2 MLAKIT_STRESS_CASES="${SANITIZE_CASES:-13}" timeout "${SANITIZE_TIMEOUT:-300}" \
       compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$gpu_tests" \
       --gtest_filter='Stress/*:MergeStatesGpu.*' --gtest_brief=1 >"$OUT/sanitize_$tool.log" 2>&1
     note "$tool: rc=$? ($(( $(date +%s) - tool_start )) s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED)' "$OUT/sanitize_$tool.log" | tr '\n' ' ' | cut -c1-200)"
