@@ -8,13 +8,17 @@
 
 namespace mlakit::detail {
 
-Status check_v4_cache(const char* op, const char* name, const TensorRef& cache) {
+Status check_fp8_paged_cache(const char* op, const char* name, const TensorRef& cache, int64_t token_bytes) {
   MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, name, cache));
   MLAKIT_RETURN_IF_ERROR(check_dtype(op, name, cache, {DType::kUInt8, DType::kFP8E4M3, DType::kInt8}));
   MLAKIT_RETURN_IF_ERROR(check_rank(op, name, cache, 4));
   MLAKIT_RETURN_IF_ERROR(check_dim(op, name, cache, 2, "h_kv", 1));
-  MLAKIT_RETURN_IF_ERROR(check_dim(op, name, cache, 3, "bytes per token", kV4TokenBytes));
-  MLAKIT_RETURN_IF_ERROR(check_paged_cache_dims(op, name, cache));
+  MLAKIT_RETURN_IF_ERROR(check_dim(op, name, cache, 3, "bytes per token", token_bytes));
+  return check_paged_cache_dims(op, name, cache);
+}
+
+Status check_v4_cache(const char* op, const char* name, const TensorRef& cache) {
+  MLAKIT_RETURN_IF_ERROR(check_fp8_paged_cache(op, name, cache, kV4TokenBytes));
   if (has_no_elements(cache)) return Status::ok();
   const std::string n(name);
   if (cache.stride[3] != 1) {

@@ -16,4 +16,8 @@ namespace mlakit::detail {
 // without elements passes (nothing is read).
 Status check_v4_cache(const char* op, const char* name, const TensorRef& cache);
 
+// What both FP8 cache layouts share: [num_blocks, page_size, 1, token_bytes] of a byte dtype
+// (uint8, float8_e4m3, int8), page_size and num_blocks within the paged-cache bounds.
+Status check_fp8_paged_cache(const char* op, const char* name, const TensorRef& cache, int64_t token_bytes);
+
 }  // namespace mlakit::detail

@@ -17,13 +17,8 @@ Status check_cache(const char* op, const char* name, const TensorRef& cache, Fp8
   if (layout == Fp8TokenLayout::kV4) {
     MLAKIT_RETURN_IF_ERROR(check_v4_cache(op, name, cache));
   } else {
-    MLAKIT_RETURN_IF_ERROR(check_tensor_wellformed(op, name, cache));
-    MLAKIT_RETURN_IF_ERROR(check_dtype(op, name, cache, {DType::kUInt8, DType::kFP8E4M3, DType::kInt8}));
-    MLAKIT_RETURN_IF_ERROR(check_rank(op, name, cache, 4));
-    MLAKIT_RETURN_IF_ERROR(check_dim(op, name, cache, 2, "h_kv", 1));
-    MLAKIT_RETURN_IF_ERROR(check_dim(op, name, cache, 3, "bytes per token", kFp8TokenBytes));
+    MLAKIT_RETURN_IF_ERROR(check_fp8_paged_cache(op, name, cache, kFp8TokenBytes));
     MLAKIT_RETURN_IF_ERROR(check_last_dim_contiguous(op, name, cache));
-    MLAKIT_RETURN_IF_ERROR(check_paged_cache_dims(op, name, cache));
   }
   shape->num_blocks = cache.shape[0];
   shape->page_size = cache.shape[1];
