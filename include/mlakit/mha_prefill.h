@@ -105,9 +105,25 @@ struct MhaPrefillBackwardArgs {
   TensorRef dq;  // [total_q, h_q, d_qk] q's dtype (the reference also takes float32)
   TensorRef dk;  // [total_k, h_kv, d_qk] q's dtype (the reference also takes float32)
   TensorRef dv;  // [total_k, h_kv, d_v]  q's dtype (the reference also takes float32)
-  // As the forward's (for the GPU kernels to come; the reference ignores it).
+  // kAuto and kPortable: the portable kernels (every GPU of compute capability 8.0 or newer,
+  // Hopper included); kSm90: an error (kUnsupported) until a Hopper backward kernel exists.
+  // The reference ignores it.
   MlaKernel kernel = MlaKernel::kAuto;
 };
+
+// On the GPU: mha_prefill_backward_workspace_size, allocate that many bytes of device memory
+// (it holds dq's float32 accumulator [total_q, h_q, d_qk], D = rowsum(dout * out) [h_q,
+// total_q], and in the deterministic mode one ordering counter per (sequence, query head,
+// query tile)), then mha_prefill_backward per call. The size depends on the shapes and
+// the options only (total_q, h_q, d_qk, b, max_seqlen_q, deterministic), not on the lengths.
+// Asynchronous on `stream`, allocates nothing, synchronises nothing on the host,
+// graph-capturable; the prefix sums are read on the device only. Rows of every tensor 4-byte
+// aligned as the forward's. Data rules as the forward's: a length above max_seqlen_q /
+// max_seqlen_k leaves the gradients of the rows past it unspecified (never a write outside
+// the tensors).
+Status mha_prefill_backward_workspace_size(const MhaPrefillBackwardArgs& args, std::size_t* bytes);
+Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, void* workspace, std::size_t workspace_bytes,
+                            cudaStream_t stream);
 
 namespace reference {
 // float64 reference of the backward on host memory; checks the prefix sums and lengths like

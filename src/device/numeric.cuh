@@ -25,6 +25,10 @@ struct ElemOps<__nv_bfloat16> {
            (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
   }
   static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  // The two values of a packed pair (lo: the low 16 bits).
+  static __device__ __forceinline__ float2 unpack(uint32_t pair) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pair));
+  }
 };
 
 template <>
@@ -38,6 +42,9 @@ struct ElemOps<__half> {
            (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
   }
   static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ float2 unpack(uint32_t pair) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&pair));
+  }
 };
 
 // 2^x with ex2.approx.ftz.f32 (PTX ISA 9.7.4.x "ex2"): ~2 ulp, -inf -> 0, the softmax's

@@ -2,8 +2,6 @@
 // checks, dispatch. Today's kernels need no workspace (mha_prefill_workspace_size says 0).
 #include "mlakit/mha_prefill.h"
 
-#include <cstdint>
-#include <string>
 #include <utility>
 
 #include "host/check.h"
@@ -19,24 +17,6 @@ namespace mlakit {
 namespace {
 
 constexpr const char* kOp = "mha_prefill";
-
-// Rows of `t` start at multiples of `bytes` (base pointer and the two outer strides): the
-// kernels move two 16-bit values at a time at least (the Hopper kernel needs 16-byte rows of
-// q, k and v; the dispatch falls back to the portable kernel without them). Unlike
-// detail::check_row_alignment this checks strides of size-1 dimensions too: the Hopper
-// kernel's tensor maps carry both strides whatever the extents. An empty tensor moves no row.
-Status check_row_alignment(const char* name, const TensorRef& t, int64_t bytes) {
-  if (detail::has_no_elements(t)) return Status::ok();
-  const auto elem = static_cast<int64_t>(dtype_size(t.dtype));
-  const int64_t elems = bytes / elem;  // strides are in elements: no byte product to overflow
-  const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % bytes == 0 && t.stride[0] % elems == 0 &&
-                       t.stride[1] % elems == 0;
-  if (aligned) return Status::ok();
-  return detail::invalid(kOp, std::string(name) + ": the kernel needs rows aligned to " + std::to_string(bytes) +
-                                  " bytes (data pointer and strides[0..1] multiples of " + std::to_string(elems) +
-                                  " elements), got strides (" + std::to_string(t.stride[0]) + ", " +
-                                  std::to_string(t.stride[1]) + ")");
-}
 
 }  // namespace
 
@@ -55,15 +35,15 @@ Status mha_prefill(const MhaPrefillArgs& args, void* workspace, std::size_t work
   detail::MhaPrefillShape shape;
   MLAKIT_RETURN_IF_ERROR(detail::validate_mha_prefill_args(kOp, args, /*allow_float_out=*/false, &shape));
   constexpr int64_t kPairBytes = 4;
-  MLAKIT_RETURN_IF_ERROR(check_row_alignment("q", args.q, kPairBytes));
-  MLAKIT_RETURN_IF_ERROR(check_row_alignment("k", args.k, kPairBytes));
-  MLAKIT_RETURN_IF_ERROR(check_row_alignment("v", args.v, kPairBytes));
-  MLAKIT_RETURN_IF_ERROR(check_row_alignment("out", args.out, kPairBytes));
+  MLAKIT_RETURN_IF_ERROR(detail::check_mha_row_alignment(kOp, "q", args.q, kPairBytes));
+  MLAKIT_RETURN_IF_ERROR(detail::check_mha_row_alignment(kOp, "k", args.k, kPairBytes));
+  MLAKIT_RETURN_IF_ERROR(detail::check_mha_row_alignment(kOp, "v", args.v, kPairBytes));
+  MLAKIT_RETURN_IF_ERROR(detail::check_mha_row_alignment(kOp, "out", args.out, kPairBytes));
   if (args.kernel == MlaKernel::kSm90) {  // TMA reads q, k and v in 16-byte rows
     constexpr int64_t kTmaBytes = 16;
-    MLAKIT_RETURN_IF_ERROR(check_row_alignment("q", args.q, kTmaBytes));
-    MLAKIT_RETURN_IF_ERROR(check_row_alignment("k", args.k, kTmaBytes));
-    MLAKIT_RETURN_IF_ERROR(check_row_alignment("v", args.v, kTmaBytes));
+    MLAKIT_RETURN_IF_ERROR(detail::check_mha_row_alignment(kOp, "q", args.q, kTmaBytes));
+    MLAKIT_RETURN_IF_ERROR(detail::check_mha_row_alignment(kOp, "k", args.k, kTmaBytes));
+    MLAKIT_RETURN_IF_ERROR(detail::check_mha_row_alignment(kOp, "v", args.v, kTmaBytes));
   }
   detail::DeviceInfo dev;
   MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));

@@ -1,5 +1,6 @@
 #include "host/mha_prefill_validate.h"
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -142,6 +143,24 @@ Status validate_mha_prefill_backward_args(const char* op, const MhaPrefillBackwa
                                         {"cu_seqlens_k", a.cu_seqlens_k}}));
   *shape = s;
   return Status::ok();
+}
+
+// Rows of `t` start at multiples of `bytes` (base pointer and the two outer strides): the
+// kernels move two 16-bit values at a time at least (the Hopper kernel needs 16-byte rows of
+// q, k and v; the dispatch falls back to the portable kernel without them). Unlike
+// detail::check_row_alignment this checks strides of size-1 dimensions too: the Hopper
+// kernel's tensor maps carry both strides whatever the extents. An empty tensor moves no row.
+Status check_mha_row_alignment(const char* op, const char* name, const TensorRef& t, int64_t bytes) {
+  if (has_no_elements(t)) return Status::ok();
+  const auto elem = static_cast<int64_t>(dtype_size(t.dtype));
+  const int64_t elems = bytes / elem;  // strides are in elements: no byte product to overflow
+  const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % bytes == 0 && t.stride[0] % elems == 0 &&
+                       t.stride[1] % elems == 0;
+  if (aligned) return Status::ok();
+  return invalid(op, std::string(name) + ": the kernel needs rows aligned to " + std::to_string(bytes) +
+                                  " bytes (data pointer and strides[0..1] multiples of " + std::to_string(elems) +
+                                  " elements), got strides (" + std::to_string(t.stride[0]) + ", " +
+                                  std::to_string(t.stride[1]) + ")");
 }
 
 }  // namespace mlakit::detail

@@ -24,4 +24,8 @@ Status validate_mha_prefill_args(const char* op, const MhaPrefillArgs& args, boo
 Status validate_mha_prefill_backward_args(const char* op, const MhaPrefillBackwardArgs& args, bool allow_float,
                                           MhaPrefillShape* shape);
 
+// Rows of `t` start at multiples of `bytes` (base pointer and the two outer strides, those of
+// size-1 dimensions included); an empty tensor passes. The error names `name` and the rule.
+Status check_mha_row_alignment(const char* op, const char* name, const TensorRef& t, int64_t bytes);
+
 }  // namespace mlakit::detail

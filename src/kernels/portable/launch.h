@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/mha_backward_params.h"
 #include "kernels/mha_prefill_params.h"
 #include "kernels/mla_params.h"
 
@@ -33,5 +34,19 @@ cudaError_t launch_mla_sparse_prefill_portable(const SparsePrefillParams& params
 // 16-byte aligned take 16-byte copies, others 4-byte ones.
 template <typename Elem>
 cudaError_t launch_mha_prefill_portable(const MhaPrefillParams& params, cudaStream_t stream);
+
+// MHA prefill backward, in stream order (Elem __nv_bfloat16 or __half):
+// 1. preprocess (mha_backward_rows.cu): D = rowsum(dout * out) of every query row inside a
+//    sequence into row_dot, those rows of dq_accum zeroed, the deterministic counters zeroed;
+// 2. main (mha_backward_kernel.cuh): grid key tiles of max_seqlen_k x h_kv x b; dk and dv of
+//    the CTA's keys, dq / softmax_scale added into dq_accum;
+// 3. postprocess (mha_backward_rows.cu): dq = dq_accum * softmax_scale in q's dtype, rows
+//    inside a sequence.
+template <typename Elem>
+cudaError_t launch_mha_backward_preprocess(const MhaBackwardParams& params, cudaStream_t stream);
+template <typename Elem>
+cudaError_t launch_mha_backward_main_portable(const MhaBackwardParams& params, cudaStream_t stream);
+template <typename Elem>
+cudaError_t launch_mha_backward_postprocess(const MhaBackwardParams& params, cudaStream_t stream);
 
 }  // namespace mlakit::detail

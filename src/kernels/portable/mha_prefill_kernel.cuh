@@ -360,10 +360,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 }
 
-inline bool rows_aligned16(const void* ptr, int64_t stride_t, int64_t stride_h) {
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && stride_t % 8 == 0 && stride_h % 8 == 0;
-}
-
 template <typename Elem, typename C>
 cudaError_t launch(const MhaPrefillParams& p, cudaStream_t stream) {
   auto kernel = &mha_prefill_portable_kernel<Elem, C>;

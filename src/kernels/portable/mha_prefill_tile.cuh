@@ -119,4 +119,10 @@ __device__ __forceinline__ void copy_rows(uint32_t tile, unsigned char* tile_ptr
   }
 }
 
+// Rows of a [rows, heads, d] tensor of 16-bit values start 16-byte aligned: the base pointer
+// and the token / head strides (in elements). The kernels' copies take 16-byte chunks then.
+inline bool rows_aligned16(const void* ptr, int64_t stride_t, int64_t stride_h) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && stride_t % 8 == 0 && stride_h % 8 == 0;
+}
+
 }  // namespace mlakit::detail::mha_portable

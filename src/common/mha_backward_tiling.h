@@ -1,0 +1,113 @@
+// Tiling and workspace of the MHA prefill backward (include/mlakit/mha_prefill.h), shared by
+// the host (workspace size) and the kernels (where each part lives), so the two cannot drift.
+//
+// The workspace, each part 256-byte aligned:
+//   dq_accum  float32 [total_q, h_q, d_qk]  dq / softmax_scale summed over key tiles
+//   row_dot   float32 [h_q, total_q]        D = rowsum(dout * out) per query row
+//   counters  int32   [b, h_q, query tiles of max_seqlen_q]  (deterministic mode only): how
+//             many key tiles have added into a query tile's dq_accum rows, which orders them
+// E.g. total_q 16384, h_q 32, d_qk 128, b 4, max_seqlen_q 4096, deterministic: dq_accum
+// 256 MiB, row_dot 2 MiB, counters 4 * 32 * 64 * 4 = 32 KiB.
+#pragma once
+
+#include <cstdint>
+
+#include "common/host_device.h"
+
+namespace mlakit::detail {
+
+// Query rows per tile of the backward's main kernel: its register budget holds dK and dV of the
+// CTA's keys (d_qk + d_v columns) beside the scores of one query tile, so wider heads take
+// shorter query tiles.
+MLAKIT_HD constexpr int mha_backward_query_rows(int d_qk) { return d_qk <= 128 ? 64 : 32; }
+
+// The portable main kernel's tiling per head-dim pair (mha_backward_kernel.cuh explains it).
+template <int Dqk, int Dv>
+struct MhaBackwardConfig {
+  static constexpr int kDqk = Dqk;
+  static constexpr int kDv = Dv;
+  static constexpr int kElemBytes = 2;
+  // d 256: two warps per 16 keys, each holding half of dK's and dV's columns.
+  static constexpr int kKeyGroups = Dqk >= 256 ? 2 : 4;
+  static constexpr int kDSplit = Dqk >= 256 ? 2 : 1;
+  static constexpr int kWarps = kKeyGroups * kDSplit;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kKeys = 16 * kKeyGroups;
+  static constexpr int kRows = mha_backward_query_rows(Dqk);
+  static constexpr int kDkCols = Dqk / kDSplit;  // dK columns per warp
+  static constexpr int kDvCols = Dv / kDSplit;
+  static constexpr int kQkRowBytes = Dqk * kElemBytes;
+  static constexpr int kVRowBytes = Dv * kElemBytes;
+  static constexpr int kQkChunks = kQkRowBytes / 16;
+  static constexpr int kVChunks = kVRowBytes / 16;
+  static constexpr int kScoreTiles = kRows / 8;  // n8 tiles of S^T per warp
+  // dS^T rows: kRows values plus 16 bytes, so the 8 rows of an ldmatrix matrix and the
+  // accumulators' 4-byte stores fall in distinct banks.
+  static constexpr int kDsRowBytes = kRows * kElemBytes + 16;
+  static constexpr int kDqUnitCols = 64;  // dQ is computed and added in 16 x 64 units
+  static constexpr int kDqUnits = kRows / 16 * (Dqk / kDqUnitCols);
+  // Shared memory, byte offsets (each swizzled tile a multiple of 128 bytes).
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKeys * kQkRowBytes;
+  static constexpr int kQBytes = kRows * kQkRowBytes;
+  static constexpr int kOBytes = kRows * kVRowBytes;
+  static constexpr int kQOffset = kVOffset + kKeys * kVRowBytes;  // [2] buffers
+  static constexpr int kOOffset = kQOffset + 2 * kQBytes;          // dO, [2] buffers
+  static constexpr int kDsOffset = kOOffset + 2 * kOBytes;
+  static constexpr int kLseOffset = kDsOffset + kKeys * kDsRowBytes;  // float [2][kRows]
+  static constexpr int kDOffset = kLseOffset + 2 * kRows * 4;          // float [2][kRows]
+  static constexpr int kSmemBytes = kDOffset + 2 * kRows * 4;
+  // Per-block opt-in limit of sm80 (sm90: 227 KB, two CTAs of every config; sm86 / sm89: 99 KB,
+  // which d 128 exceeds: the host checks the device's limit, mha_backward_smem_bytes).
+  static constexpr int kSmemLimitBytes = 163 * 1024;
+  static constexpr int kMinBlocks = 2;  // 255 registers per thread either way; 2 CTAs fit sm90
+
+  static_assert(Dqk % 64 == 0 && Dv % 64 == 0, "rows of whole 128-byte lines");
+  static_assert(Dv % (16 * kDSplit) == 0 && Dqk % (16 * kDSplit) == 0, "whole n16 steps per column slice");
+  static_assert(kRows % 16 == 0 && kRows % (kThreads / 8) == 0 && kKeys % (kThreads / 8) == 0,
+                "whole row steps of copy_rows");
+  static_assert(kSmemBytes <= kSmemLimitBytes, "one CTA fits sm80 and sm90");
+};
+
+// Dynamic shared memory of the main kernel for a supported (d_qk, d_v) pair (0 otherwise).
+inline int mha_backward_smem_bytes(int d_qk, int d_v) {
+  if (d_qk == 64 && d_v == 64) return MhaBackwardConfig<64, 64>::kSmemBytes;
+  if (d_qk == 128 && d_v == 128) return MhaBackwardConfig<128, 128>::kSmemBytes;
+  if (d_qk == 192 && d_v == 128) return MhaBackwardConfig<192, 128>::kSmemBytes;
+  if (d_qk == 256 && d_v == 256) return MhaBackwardConfig<256, 256>::kSmemBytes;
+  return 0;
+}
+
+struct MhaBackwardWorkspace {
+  int64_t dq_accum_offset = 0;  // bytes from the workspace's start
+  int64_t row_dot_offset = 0;
+  int64_t counters_offset = 0;
+  int64_t counters = 0;  // int32 counters (0 without the deterministic mode)
+  int64_t bytes = 0;     // total
+};
+
+inline constexpr int64_t kMhaBackwardAlignment = 256;
+
+MLAKIT_HD constexpr int64_t mha_backward_align(int64_t bytes) {
+  return (bytes + kMhaBackwardAlignment - 1) / kMhaBackwardAlignment * kMhaBackwardAlignment;
+}
+
+MLAKIT_HD constexpr int64_t mha_backward_query_tiles(int max_seqlen_q, int d_qk) {
+  return (static_cast<int64_t>(max_seqlen_q) + mha_backward_query_rows(d_qk) - 1) / mha_backward_query_rows(d_qk);
+}
+
+// The byte sizes cannot overflow: every extent was checked to fit its tensor (total_q * h_q *
+// d_qk elements addressable), and b, h_q, max_seqlen_q are ints.
+MLAKIT_HD constexpr MhaBackwardWorkspace mha_backward_workspace(int64_t b, int64_t total_q, int h_q,
+                                                                         int d_qk, int max_seqlen_q,
+                                                                         bool deterministic) {
+  MhaBackwardWorkspace w;
+  w.dq_accum_offset = 0;
+  w.row_dot_offset = mha_backward_align(total_q * h_q * d_qk * 4);
+  w.counters_offset = w.row_dot_offset + mha_backward_align(total_q * h_q * 4);
+  w.counters = deterministic ? b * h_q * mha_backward_query_tiles(max_seqlen_q, d_qk) : 0;
+  w.bytes = w.counters_offset + mha_backward_align(w.counters * 4);
+  return w;
+}
+
+}  // namespace mlakit::detail
