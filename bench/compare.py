@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Side-by-side benchmark: mlakit against FlashMLA (and PyTorch where a case family names it:
-SDPA for the GQA decode and the MHA prefill, an eager merge for the merge of partial states)
-on identical tensors, in one run, on the GPU machine. docs/benchmarking.md explains the figures.
+SDPA for the GQA decode and the MHA prefill and its backward, an eager merge for the merge of
+partial states) on identical tensors, in one run, on the GPU machine. docs/benchmarking.md
+explains the figures.
 
   python3 bench/compare.py [options]          run (GPU): table, JSON lines, chart
   python3 bench/compare.py chart [JSONL...]   redraw the PNG of each JSONL (no GPU needed)

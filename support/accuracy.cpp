@@ -11,6 +11,9 @@ namespace {
 constexpr double kHalfAbsTol = 1e-3;
 constexpr double kHalfRelTol = 2.0 / 128;
 constexpr double kCosineTol = 5e-6;
+constexpr double kGradAbsTol = 1e-3;
+constexpr double kGradRelTol = 8.0 / 128;
+constexpr double kGradCosineTol = 7e-6;
 constexpr double kStatAbsTol = 1e-6;
 constexpr double kStatRelTol = 8.0 / 65536;
 
@@ -54,10 +57,9 @@ AccuracyReport compare(int64_t n, Get get, double abs_tol, double rel_tol, doubl
   return r;
 }
 
-}  // namespace
-
-AccuracyReport check_half_outputs(const std::vector<uint16_t>& got, const std::vector<float>& ref,
-                                  DType dtype, const std::string& name) {
+// 16-bit results against an unrounded float reference under one rule.
+AccuracyReport compare_half(const std::vector<uint16_t>& got, const std::vector<float>& ref, DType dtype,
+                            double abs_tol, double rel_tol, double cosine_tol, const std::string& name) {
   if (got.size() != ref.size()) {
     return AccuracyReport{false, 1, 0, 0, name + ": size mismatch"};
   }
@@ -65,8 +67,20 @@ AccuracyReport check_half_outputs(const std::vector<uint16_t>& got, const std::v
     return static_cast<double>(dtype == DType::kBF16 ? host::bf16_to_float(h) : host::fp16_to_float(h));
   };
   return compare(static_cast<int64_t>(got.size()),
-                 [&](int64_t i) { return std::pair<double, double>(to_f(got[i]), ref[i]); },
-                 kHalfAbsTol, kHalfRelTol, kCosineTol, name);
+                 [&](int64_t i) { return std::pair<double, double>(to_f(got[i]), ref[i]); }, abs_tol, rel_tol,
+                 cosine_tol, name);
+}
+
+}  // namespace
+
+AccuracyReport check_half_outputs(const std::vector<uint16_t>& got, const std::vector<float>& ref,
+                                  DType dtype, const std::string& name) {
+  return compare_half(got, ref, dtype, kHalfAbsTol, kHalfRelTol, kCosineTol, name);
+}
+
+AccuracyReport check_half_gradients(const std::vector<uint16_t>& got, const std::vector<float>& ref,
+                                    DType dtype, const std::string& name) {
+  return compare_half(got, ref, dtype, kGradAbsTol, kGradRelTol, kGradCosineTol, name);
 }
 
 AccuracyReport check_float_stats(const std::vector<float>& got, const std::vector<float>& ref,

@@ -24,6 +24,12 @@ struct AccuracyReport {
 AccuracyReport check_half_outputs(const std::vector<uint16_t>& got, const std::vector<float>& ref,
                                   DType dtype, const std::string& name);
 
+// Gradients of the backward (dq, dk, dv; bf16/fp16 patterns): each element within abs 1e-3 or
+// rel 8/128, cosine difference <= 7e-6, +-inf and NaN at exactly the reference's positions.
+// `ref` is the unrounded reference (float32 of the float64 computation).
+AccuracyReport check_half_gradients(const std::vector<uint16_t>& got, const std::vector<float>& ref,
+                                    DType dtype, const std::string& name);
+
 // float statistics (LSE, max-logits): abs 1e-6 or rel 8/65536, same inf/NaN positions.
 AccuracyReport check_float_stats(const std::vector<float>& got, const std::vector<float>& ref,
                                  const std::string& name);

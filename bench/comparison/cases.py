@@ -5,8 +5,9 @@ baseline of the ratio, `subject` the side the ratio is about: ratio = t_baseline
 (> 1: the subject is faster). A family whose operation mlakit does not have yet names no
 mlakit side; a new operation adds a family here, a generator in data.py and a reference in
 reference.py, and names its sides (the GQA decode: PyTorch SDPA on cuDNN against mlakit; the
-MHA prefill: SDPA on cuDNN and on its flash backend against mlakit; the merge of partial
-states: the eager PyTorch merge an engine would write against mlakit).
+MHA prefill, forward and backward: SDPA on cuDNN and on its flash backend against mlakit (the
+backward also against mlakit's deterministic mode); the merge of partial states: the eager
+PyTorch merge an engine would write against mlakit).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import dataclasses
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-SIDES = ("flashmla", "mlakit", "sdpa_cudnn", "sdpa_flash", "torch")
+SIDES = ("flashmla", "mlakit", "mlakit_deterministic", "sdpa_cudnn", "sdpa_flash", "torch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,14 @@ FAMILIES: Dict[str, Family] = {
         # sequence is s long, one call per sequence on views of the very same packed rows for
         # the varlen mix. A backend that cannot run a case is reported as not supported there.
         Family("mha_prefill", "MHA prefill forward (bf16)", ("sdpa_cudnn", "sdpa_flash", "mlakit"), "mlakit", True),
+        # Its backward (dq, dk, dv from dout and the forward's out and lse) on the same cases and
+        # tensors: SDPA's autograd backward of a graph built once (cuDNN, the baseline, and the
+        # flash backend), mlakit's mha_prefill_backward and its deterministic mode (the ratio
+        # mlakit_deterministic / mlakit is that mode's cost). Not in the default run, as the
+        # merge: the default run fills most of the GPU script's time limit already, and these
+        # cases take four sides each.
+        Family("mha_backward", "MHA prefill backward (bf16)",
+               ("sdpa_cudnn", "sdpa_flash", "mlakit", "mlakit_deterministic"), "mlakit", False),
         # The merge of partial attention states (issue 30) against the eager PyTorch merge
         # (logsumexp, weights, a float32 weighted sum): memory-bound, judged by its fraction of
         # the copy ceiling. Not in the default run: no library competes for it, and the default
@@ -117,19 +126,34 @@ def _sdpa_mha(causal: bool) -> Case:
     return Case("sdpa_mha_b4_h32_s4096_d128" + ("_causal" if causal else ""), "sdpa_mha", params, not causal)
 
 
-def _mha_prefill(b: int, s: int, d_qk: int, d_v: int, h: int, causal: bool, quick: bool = False) -> Case:
-    """b sequences of s tokens each, h_q = h_kv = h, bf16."""
+def _mha_prefill(b: int, s: int, d_qk: int, d_v: int, h: int, causal: bool, quick: bool = False,
+                 family: str = "mha_prefill") -> Case:
+    """b sequences of s tokens each, h_q = h_kv = h, bf16 (family mha_prefill: the forward,
+    mha_backward: its backward)."""
     params = dict(b=b, h=h, s=s, d_qk=d_qk, d_v=d_v, causal=causal, varlen=False)
-    name = f"mha_prefill_b{b}_h{h}_s{s}_d{d_qk}_{d_v}" + ("_causal" if causal else "")
-    return Case(name, "mha_prefill", params, quick)
+    name = f"{family}_b{b}_h{h}_s{s}_d{d_qk}_{d_v}" + ("_causal" if causal else "")
+    return Case(name, family, params, quick)
 
 
-def _mha_prefill_varlen(tokens: int, min_s: int, max_s: int, d: int, h: int, causal: bool) -> Case:
+def _mha_prefill_varlen(tokens: int, min_s: int, max_s: int, d: int, h: int, causal: bool,
+                        family: str = "mha_prefill") -> Case:
     """`tokens` tokens in sequences of min_s..max_s tokens each, drawn from the case's seed
     (data.varlen_lengths: the same list on every device and for causal and not)."""
     params = dict(tokens=tokens, min_s=min_s, max_s=max_s, h=h, d_qk=d, d_v=d, causal=causal, varlen=True)
-    name = f"mha_prefill_varlen_t{tokens}_h{h}_d{d}_{d}" + ("_causal" if causal else "")
-    return Case(name, "mha_prefill", params)
+    name = f"{family}_varlen_t{tokens}_h{h}_d{d}_{d}" + ("_causal" if causal else "")
+    return Case(name, family, params)
+
+
+def _mha_issue_list(family: str) -> List[Case]:
+    """Issue 26's list, forward (mha_prefill) or backward (mha_backward): b4 s4096 h32 at d 128
+    and 192/128, b1 s16384, and the varlen mix of as many tokens (16384, lengths 512-8192), each
+    causal and not; b4 s4096 d128 non-causal in --quick."""
+    cases = []
+    for b, s, d_qk, d_v in ((4, 4096, 128, 128), (4, 4096, 192, 128), (1, 16384, 128, 128)):
+        for causal in (False, True):
+            quick = (b, s, d_qk, causal) == (4, 4096, 128, False)
+            cases.append(_mha_prefill(b, s, d_qk, d_v, 32, causal, quick, family))
+    return cases + [_mha_prefill_varlen(16384, 512, 8192, 128, 32, causal, family) for causal in (False, True)]
 
 
 def _merge(n: int, rows: Tuple[int, ...], d: int, dtype: str = "bf16", out_dtype: str = "bf16",
@@ -174,17 +198,15 @@ def all_cases() -> List[Case]:
                   _sparse_prefill(s_kv, False, h_q=128, topk=1024, d_qk=512)]
     cases += [_gqa(64, 4096, "bf16", quick=True), _gqa(64, 4096, "int8"), _gqa(64, 4096, "fp8"),
               _gqa(64, 4096, "bf16", append=True), _gqa(1, 131072, "bf16")]
-    # MHA prefill, issue 26's list: b4 s4096 h32 at d 128 and 192/128, b1 s16384, and the varlen
-    # mix of as many tokens (16384), each causal and not.
-    for b, s, d_qk, d_v in ((4, 4096, 128, 128), (4, 4096, 192, 128), (1, 16384, 128, 128)):
-        for causal in (False, True):
-            quick = (b, s, d_qk, causal) == (4, 4096, 128, False)
-            cases.append(_mha_prefill(b, s, d_qk, d_v, 32, causal, quick))
-    cases += [_mha_prefill_varlen(16384, 512, 8192, 128, 32, causal) for causal in (False, True)]
+    # MHA prefill, issue 26's list.
+    cases += _mha_issue_list("mha_prefill")
     # The other head sizes, b4 s4096: d 64 at h 32 (half d 128's FLOPs, still 128 (batch, head)
     # pairs of 4096 queries: far more query tiles than SMs); d 256 at h 16 (h * d = 4096 as in the
     # d 128 cases: the same FLOPs and bytes; Gemma-7B's 16 heads of 256).
     cases += [_mha_prefill(4, 4096, 64, 64, 32, False), _mha_prefill(4, 4096, 256, 256, 16, False)]
+    # The MHA prefill's backward on the same list (the same tensors as the forward's cases, dout
+    # added).
+    cases += _mha_issue_list("mha_backward")
     cases += [_sdpa_mha(False), _sdpa_mha(True)]
     # Merge (issue 30): the states of a context-parallel MLA decode (b = 128 tokens, h_q 128,
     # d 512) from 2, 4, 8 GPUs; large merges of 16384 tokens x 32 heads x d 128 (cascade /

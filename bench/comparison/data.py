@@ -22,7 +22,9 @@ case and handed to every side unchanged.
 - MHA prefill: q, k ~ N(0, 1), v ~ N(0, 1) / 10 (the GPU tests' scale). Every sequence s
   long: [b, h, s, d] for SDPA, the same values as packed rows [b * s, h, d] with cu_seqlens for
   mlakit. The varlen mix: packed rows [tokens, h, d] with cu_seqlens for mlakit, and for SDPA
-  [1, h, n, d] views of those very rows, one per sequence; lengths from varlen_lengths.
+  [1, h, n, d] views of those very rows, one per sequence; lengths from varlen_lengths. Its
+  backward: the same q, k, v and dout ~ N(0, 1) / 10 (as v: P is rounded to 16 bits on every
+  side, and at N(0, 1) no 16-bit kernel meets the backward's elementwise rule), in both forms.
 - Merge: n states o [n, rows..., d] ~ N(0, 1) / 4 (bf16 or float32) and their LSEs ~
   N(4, 3) float32 (weights spread over orders of magnitude; no empty state: the PyTorch side
   has no rule for them), stacked; the context-parallel decode's LSEs in the decode's [n, b,
@@ -405,48 +407,73 @@ def varlen_lengths(tokens: int, min_s: int, max_s: int, seed: int) -> List[int]:
     return [lengths[i] for i in torch.randperm(len(lengths), generator=gen).tolist()]
 
 
-def prefill_flops(lengths: List[int], h: int, d_qk: int, d_v: int, causal: bool) -> float:
-    """Sum over sequences of 2 * h * L^2 * (d_qk + d_v) (QK^T and PV), halved for causal
-    (FlashAttention's convention: L^2 / 2 for the exact L (L + 1) / 2 attended pairs)."""
-    return sum(2.0 * h * n * n * (d_qk + d_v) for n in lengths) / (2 if causal else 1)
+def attended_pairs(lengths: List[int], causal: bool) -> float:
+    """(query, key) pairs a head attends, summed over sequences: L^2 each, halved for causal
+    (FlashAttention's convention: L^2 / 2 for the exact L (L + 1) / 2 pairs)."""
+    return sum(float(n) * n for n in lengths) / (2 if causal else 1)
+
+
+def prefill_flops(lengths: List[int], h: int, d_qk: int, d_v: int, causal: bool, backward: bool = False) -> float:
+    """FLOPs of the MHA prefill over the attended pairs of h query heads: the forward 2 * (d_qk +
+    d_v) per pair (QK^T, PV); the backward 2 * (3 d_qk + 2 d_v) (S = QK^T again, dP = dO V^T,
+    dV = P^T dO, dQ = dS K, dK = dS^T Q: 2.5x the forward at d_qk = d_v)."""
+    per_pair = 2.0 * ((3 * d_qk + 2 * d_v) if backward else (d_qk + d_v))
+    return per_pair * h * attended_pairs(lengths, causal)
 
 
 def _values(shape: Tuple[int, ...], device: torch.device, dev: torch.Generator) -> torch.Tensor:
-    """V at a tenth of a standard normal, as the GPU tests draw it: a causal row that sees a
-    few keys averages few values, and P rounded to 16 bits (every side does) then errs by
-    ~2^-9 |v|, which the accuracy rule's abs 1e-3 covers at this scale, not at |v| ~ 3."""
+    """V (and the backward's dout) at a tenth of a standard normal, as the GPU tests draw it: a
+    causal row that sees a few keys averages few values, and P rounded to 16 bits (every side
+    does) then errs by ~2^-9 |v|, which the accuracy rule's abs 1e-3 covers at this scale, not
+    at |v| ~ 3; the backward's dP = dO V^T and dV = P^T dO carry that rounding alike."""
     return (_normal(shape, torch.float32, device, dev) * 0.1).to(torch.bfloat16)
 
 
-def mha_prefill(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
+def mha_prefill(p: Dict[str, Any], seed: int, device: torch.device, backward: bool = False) -> Inputs:
+    """q, k ~ N(0, 1), v ~ N(0, 1) / 10 (and for the backward dout ~ N(0, 1) / 10, drawn after
+    them: the forward case's very q, k, v); h_q = p['h'] query heads over p.get('h_kv', h) kv
+    heads."""
     _, dev = _generators(seed, device)
     h, d_qk, d_v = p["h"], p["d_qk"], p["d_v"]
+    h_kv = p.get("h_kv", h)
     tensors: Dict[str, Any] = dict(causal=p["causal"], varlen=p["varlen"])
     if p["varlen"]:
         lengths = varlen_lengths(p["tokens"], p["min_s"], p["max_s"], seed)
         total = sum(lengths)
         tensors.update(q_rows=_normal((total, h, d_qk), torch.bfloat16, device, dev),
-                       k_rows=_normal((total, h, d_qk), torch.bfloat16, device, dev),
-                       v_rows=_values((total, h, d_v), device, dev))
+                       k_rows=_normal((total, h_kv, d_qk), torch.bfloat16, device, dev),
+                       v_rows=_values((total, h_kv, d_v), device, dev))
+        if backward:
+            tensors["dout_rows"] = _values((total, h, d_v), device, dev)
     else:
         b, s = p["b"], p["s"]
         lengths = [s] * b
-        q, k = (_normal((b, h, s, d_qk), torch.bfloat16, device, dev) for _ in range(2))
-        v = _values((b, h, s, d_v), device, dev)
-
-        def packed(x: torch.Tensor) -> torch.Tensor:  # [b, h, s, d] -> [b * s, h, d]
-            return x.transpose(1, 2).reshape(b * s, h, x.shape[-1]).contiguous()
-
-        tensors.update(q=q, k=k, v=v, q_rows=packed(q), k_rows=packed(k), v_rows=packed(v))
+        q = _normal((b, h, s, d_qk), torch.bfloat16, device, dev)
+        k = _normal((b, h_kv, s, d_qk), torch.bfloat16, device, dev)
+        batched = dict(q=q, k=k, v=_values((b, h_kv, s, d_v), device, dev))
+        if backward:
+            batched["dout"] = _values((b, h, s, d_v), device, dev)
+        for name, x in batched.items():  # [b, heads, s, d] for SDPA; the same values as rows [b * s, heads, d]
+            tensors[name] = x
+            tensors[name + "_rows"] = x.transpose(1, 2).reshape(b * s, x.shape[1], x.shape[-1]).contiguous()
     starts = [0]
     for n in lengths:
         starts.append(starts[-1] + n)
     tensors.update(lengths=lengths, max_seqlen=max(lengths), min_seqlen=min(lengths),
                    cu_seqlens=torch.tensor(starts, dtype=torch.int32, device=device))
     total = starts[-1]
-    info = dict(seed=seed, mean_s_k=total / len(lengths), flops=prefill_flops(lengths, h, d_qk, d_v, p["causal"]),
-                bytes=float(total * h * (2 * d_qk + 2 * d_v) * 2))
+    # Each tensor read or written once: q, k, v read and out written (the forward); the backward
+    # reads q, k, v, out, dout and the float32 lse and writes dq, dk, dv (twice each row's size).
+    rows_q, rows_kv = h * (d_qk + d_v), h_kv * (d_qk + d_v)
+    elements = (rows_q + rows_kv) * (2 if backward else 1)
+    info = dict(seed=seed, mean_s_k=total / len(lengths),
+                flops=prefill_flops(lengths, h, d_qk, d_v, p["causal"], backward),
+                bytes=float(total * (elements * 2 + (h * 4 if backward else 0))))
     return Inputs(tensors, info)
+
+
+def mha_backward(p: Dict[str, Any], seed: int, device: torch.device) -> Inputs:
+    return mha_prefill(p, seed, device, backward=True)
 
 
 MERGE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -481,5 +508,6 @@ _GENERATORS = {
     "gqa": gqa,
     "sdpa_mha": sdpa_mha,
     "mha_prefill": mha_prefill,
+    "mha_backward": mha_backward,
     "merge": merge,
 }

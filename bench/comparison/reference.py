@@ -4,7 +4,9 @@ timing) and the accuracy checks (docs/contract.md) of a side's outputs against t
 The sample: a few batch entries (dense and sparse decode: the longest, the shortest and
 random ones) or query tokens (sparse prefill: the first, the last and random ones; MHA
 prefill: those of every sequence; merge: entries of the first row dimension), or query rows
-(SDPA). Every output of the whole tensor is also checked for NaN.
+(SDPA). The MHA prefill's backward checks every row: a key's gradient sums over every query
+that sees it, so its reference computes the whole problem anyway. Every output of the whole
+tensor is also checked for NaN.
 """
 
 from __future__ import annotations
@@ -17,9 +19,15 @@ import torch
 from .data import D_QK, D_V, Inputs, dequantize_fp8, dequantize_fp8_v4, dequantize_rows, rope_neox
 
 OUT_ABS, OUT_REL, OUT_COS = 1e-3, 2 / 128, 5e-6  # docs/contract.md, Accuracy: bf16/fp16 outputs
+GRAD_ABS, GRAD_REL, GRAD_COS = 1e-3, 8 / 128, 7e-6  # the same, backward (dq, dk, dv)
+# Outputs checked element by element (abs, rel, cosine difference); the others (lse, max_logits)
+# are statistics.
+ELEMENTWISE = {"out": (OUT_ABS, OUT_REL, OUT_COS), "dq": (GRAD_ABS, GRAD_REL, GRAD_COS),
+               "dk": (GRAD_ABS, GRAD_REL, GRAD_COS), "dv": (GRAD_ABS, GRAD_REL, GRAD_COS)}
 STAT_ABS, STAT_REL = 1e-6, 8 / 65536  # docs/contract.md, Accuracy: lse and max_logits
 SAMPLE = 8  # batch entries (decode) sampled
 SAMPLE_TOKENS = 32  # query tokens (sparse prefill) / query rows per head (SDPA) sampled
+GRAD_CHUNK = 1 << 27  # scores per chunk of heads in the backward's reference (1 GiB a float64 matrix)
 
 
 def _pick(n: int, count: int, seed: int, first: List[int]) -> List[int]:
@@ -161,6 +169,17 @@ def sdpa_mha(x: Inputs) -> Dict[str, Any]:
     return dict(index=("query_row", rows), out=out)
 
 
+def _kv_heads(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[h_kv, n, d] -> [h_kv * group, n, d]: each kv head repeated for the query heads that
+    share it (query head i uses kv head i // group; in a graph, its gradient sums over them)."""
+    return x if group == 1 else x.repeat_interleave(group, dim=0)
+
+
+def _causal_mask(at: torch.Tensor, n: int) -> torch.Tensor:
+    """Keys j <= query position t (the same lengths for q and k: bottom-right is top-left)."""
+    return torch.arange(n, device=at.device)[None, :] <= at[:, None]
+
+
 def mha_prefill(x: Inputs) -> Dict[str, Any]:
     """Per sequence of the packed rows (no attention across sequences): SAMPLE_TOKENS query
     tokens of each, its first and last included, every head, over that sequence's keys only
@@ -168,18 +187,50 @@ def mha_prefill(x: Inputs) -> Dict[str, Any]:
     t = x.tensors
     q, k, v, starts = t["q_rows"], t["k_rows"], t["v_rows"], t["cu_seqlens"].tolist()
     scale = q.shape[-1] ** -0.5
+    group = q.shape[1] // k.shape[1]
     rows, outs = [], []
     for i in range(len(starts) - 1):
         first, n = starts[i], starts[i + 1] - starts[i]
         picked = _pick(n, SAMPLE_TOKENS, x.info["seed"] + i, [0, n - 1])
         at = torch.tensor(picked, device=q.device)
         qs = q[first + at].double().transpose(0, 1)  # [h, picked, d_qk]
-        ks, vs = (y[first : first + n].double().transpose(0, 1) for y in (k, v))  # [h, n, d]
-        mask = torch.arange(n, device=q.device)[None, :] <= at[:, None] if t["causal"] else None
-        out, _, _ = _attend(qs, ks, vs, scale, mask)
+        ks, vs = (_kv_heads(y[first : first + n].double().transpose(0, 1), group) for y in (k, v))  # [h, n, d]
+        out, _, _ = _attend(qs, ks, vs, scale, _causal_mask(at, n) if t["causal"] else None)
         outs.append(out.transpose(0, 1))  # [picked, h, d_v]
         rows += [first + p for p in picked]
     return dict(index=("token", rows), out=torch.cat(outs))
+
+
+def mha_backward(x: Inputs) -> Dict[str, Any]:
+    """dq, dk, dv of float64 attention by autograd (torch.autograd.grad of the float64 out
+    against dout), per sequence of the packed rows (no attention across sequences), over all
+    its queries and keys, in chunks of kv heads (with their query heads) of at most GRAD_CHUNK
+    scores; dk and dv of a kv head sum over its query heads through the repeat in the graph.
+    The float64 out is differentiated (the sides get their own rounded out and lse). Every
+    token is in the sample (the gradient of one key needs every query anyway)."""
+    t = x.tensors
+    q, k, v, dout, starts = t["q_rows"], t["k_rows"], t["v_rows"], t["dout_rows"], t["cu_seqlens"].tolist()
+    scale = q.shape[-1] ** -0.5
+    h_kv = k.shape[1]
+    group = q.shape[1] // h_kv
+    grads = {name: torch.zeros(y.shape, dtype=torch.float64, device=y.device) for name, y in (("dq", q), ("dk", k),
+                                                                                                ("dv", v))}
+    for first, last in zip(starts[:-1], starts[1:]):
+        n = last - first
+        mask = _causal_mask(torch.arange(n, device=q.device), n) if t["causal"] else None
+        step = max(1, GRAD_CHUNK // (group * n * n))  # kv heads per chunk
+        for h0 in range(0, h_kv, step):
+            kv = slice(h0, min(h_kv, h0 + step))
+            qh = slice(kv.start * group, kv.stop * group)
+            # [heads, n, d] float64 leaves of this chunk's graph
+            qs, ks, vs = (y[first:last, heads].transpose(0, 1).double().requires_grad_()
+                          for y, heads in ((q, qh), (k, kv), (v, kv)))
+            with torch.enable_grad():
+                out, _, _ = _attend(qs, _kv_heads(ks, group), _kv_heads(vs, group), scale, mask)
+                got = torch.autograd.grad(out, (qs, ks, vs), dout[first:last, qh].transpose(0, 1).double())
+            for name, heads, g in zip(("dq", "dk", "dv"), (qh, kv, kv), got):
+                grads[name][first:last, heads] = g.transpose(0, 1)
+    return dict(index=("token", list(range(starts[-1]))), **grads)
 
 
 def merge(x: Inputs) -> Dict[str, Any]:
@@ -203,6 +254,7 @@ REFERENCES = {
     "gqa": gqa,
     "sdpa_mha": sdpa_mha,
     "mha_prefill": mha_prefill,
+    "mha_backward": mha_backward,
     "merge": merge,
 }
 
@@ -216,13 +268,16 @@ def sample(family: str, name: str, got: torch.Tensor, index) -> torch.Tensor:
     return got.index_select(0, sel)
 
 
-def check_output(got: torch.Tensor, ref: torch.Tensor) -> Dict[str, Any]:
+def check_output(got: torch.Tensor, ref: torch.Tensor, rule=ELEMENTWISE["out"]) -> Dict[str, Any]:
+    """Every element within abs or rel of `rule` (abs, rel, cosine), whichever is looser, and
+    the cosine difference 1 - 2<a,b>/(|a|^2+|b|^2) over the sample within its cosine bound."""
+    abs_tol, rel_tol, cos_tol = rule
     g = got.double()
     err = (g - ref).abs()
-    bound = torch.clamp(ref.abs() * OUT_REL, min=OUT_ABS)
+    bound = torch.clamp(ref.abs() * rel_tol, min=abs_tol)
     over = ~(err <= bound)  # NaN counts as over
     cos_diff = float(1 - 2 * (g * ref).sum() / ((g * g).sum() + (ref * ref).sum()))
-    ok = not bool(over.any()) and cos_diff <= OUT_COS
+    ok = not bool(over.any()) and cos_diff <= cos_tol
     return dict(ok=ok, max_abs=float(err.nan_to_num(float("inf")).max()), over=int(over.sum()), cos_diff=cos_diff)
 
 
@@ -257,7 +312,10 @@ def check(family: str, outputs: Dict[str, torch.Tensor], ref: Dict[str, Any]) ->
             continue
         nan_anywhere = bool(torch.isnan(got).any())
         picked = sample(family, name, got, ref["index"])
-        one = check_output(picked, ref[name]) if name == "out" else check_stat(picked, ref[name])
+        if name in ELEMENTWISE:
+            one = check_output(picked, ref[name], ELEMENTWISE[name])
+        else:
+            one = check_stat(picked, ref[name])
         one["nan_anywhere"] = nan_anywhere
         one["ok"] = one["ok"] and not nan_anywhere
         result[name] = one
@@ -265,9 +323,14 @@ def check(family: str, outputs: Dict[str, torch.Tensor], ref: Dict[str, Any]) ->
     return result
 
 
-def cross(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> Dict[str, float]:
-    """Two sides' whole `out` against each other (not a pass/fail check: a record)."""
-    x, y = a["out"].float(), b["out"].float()
-    diff = (x - y).abs().nan_to_num(float("inf"))
-    cos = 1 - 2 * (x.double() * y.double()).sum() / ((x.double() ** 2).sum() + (y.double() ** 2).sum())
-    return dict(max_abs=float(diff.max()), cos_diff=float(cos))
+def cross(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+    """Two sides' whole outputs against each other (not a pass/fail check: a record): `out`'s
+    {max_abs, cos_diff}, or one such entry per gradient (dq, dk, dv) for the backward."""
+    def one(name: str) -> Dict[str, float]:
+        x, y = a[name].float(), b[name].float()
+        diff = (x - y).abs().nan_to_num(float("inf"))
+        cos = 1 - 2 * (x.double() * y.double()).sum() / ((x.double() ** 2).sum() + (y.double() ** 2).sum())
+        return dict(max_abs=float(diff.max()), cos_diff=float(cos))
+
+    names = [name for name in ELEMENTWISE if name in a and name in b]
+    return one("out") if names == ["out"] else {name: one(name) for name in names}

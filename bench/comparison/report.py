@@ -12,8 +12,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TABLE_MARK = "== side by side =="
-SIDE_LABELS = {"flashmla": "FlashMLA", "mlakit": "mlakit", "sdpa_cudnn": "cuDNN", "sdpa_flash": "SDPA-flash",
-               "torch": "PyTorch"}
+SIDE_LABELS = {"flashmla": "FlashMLA", "mlakit": "mlakit", "mlakit_deterministic": "mlakit-det", "sdpa_cudnn": "cuDNN",
+               "sdpa_flash": "SDPA-flash", "torch": "PyTorch"}
 
 
 def commit() -> str:
@@ -91,8 +91,9 @@ def unsupported(side: Dict[str, Any]) -> Optional[str]:
 
 
 def other_sides_line(rec: Dict[str, Any]) -> Optional[str]:
-    """The sides besides the baseline and the subject (the MHA prefill's SDPA flash backend):
-    sustained us and their ratios to the subject."""
+    """The sides besides the baseline and the subject (the MHA prefill's SDPA flash backend, the
+    backward's mlakit_deterministic): sustained us and their ratios to the subject (t_side /
+    t_subject: for mlakit-det, the deterministic mode's cost)."""
     parts = []
     for name, side in rec.get("sides", {}).items():
         if name in (rec["baseline"], rec["subject"]) or side.get("sustained_us") is None:

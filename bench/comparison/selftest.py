@@ -44,6 +44,15 @@ MHA = _case("mha_prefill", b=2, h=2, s=48, d_qk=64, d_v=64, causal=True, varlen=
 MHA_D192 = _case("mha_prefill", b=2, h=2, s=48, d_qk=192, d_v=128, causal=True, varlen=False)
 VARLEN = {causal: _case("mha_prefill", tokens=200, min_s=16, max_s=96, h=2, d_qk=64, d_v=64, causal=causal, varlen=True)
           for causal in (False, True)}
+MHA_GQA = _case("mha_prefill", b=2, h=4, h_kv=2, s=40, d_qk=64, d_v=64, causal=True, varlen=False)
+# The backward: the same shapes (the forward's q, k, v, dout added), and GQA (h_q 4 over h_kv 2)
+# varlen, causal.
+BWD = _case("mha_backward", b=2, h=2, s=48, d_qk=64, d_v=64, causal=True, varlen=False)
+BWD_D192 = _case("mha_backward", b=2, h=2, s=48, d_qk=192, d_v=128, causal=False, varlen=False)
+BWD_VARLEN = {causal: _case("mha_backward", tokens=200, min_s=16, max_s=96, h=2, d_qk=64, d_v=64, causal=causal,
+                            varlen=True) for causal in (False, True)}
+BWD_GQA = _case("mha_backward", tokens=160, min_s=16, max_s=96, h=4, h_kv=2, d_qk=64, d_v=64, causal=True, varlen=True)
+BWD_CASES = (BWD, BWD_D192, BWD_VARLEN[False], BWD_VARLEN[True], BWD_GQA)
 # s_q 2 in the decode layout: the LSE view's strides differ from a contiguous tensor's.
 MERGE = {"cp_decode": cases._merge(3, (4, 2, 8), 64, lse_layout="decode"),
          "fp32_to_bf16": cases._merge(5, (40, 4), 32, "fp32", "bf16")}
@@ -67,6 +76,16 @@ def test_case_table() -> None:
     expect([c.name for c in mha if c.quick] == ["mha_prefill_b4_h32_s4096_d128_128"], "mha_prefill: one quick case")
     heads = {c.params["h"] for c in mha if c.params["d_qk"] < 256}
     expect(sum(c.params["varlen"] for c in mha) == 2 and heads == {32}, "mha_prefill: 2 varlen, h 32 but at d 256")
+    bwd = cases.select(table, ["mha_backward"])
+    family = cases.FAMILIES["mha_backward"]
+    expect(len(bwd) == 8 and not family.default and family.subject == "mlakit"
+           and family.sides == ("sdpa_cudnn", "sdpa_flash", "mlakit", "mlakit_deterministic"),
+           "--families mha_backward: 8 cases, not in the default run; cuDNN (baseline), flash, mlakit, deterministic")
+    expect([c.params for c in bwd] == [c.params for c in mha[:8]]
+           and [c.name for c in bwd] == [c.name.replace("mha_prefill", "mha_backward") for c in mha[:8]],
+           f"mha_backward: the forward's issue list ({', '.join(c.name for c in bwd)})")
+    quick = [c.name for c in cases.select(table, ["mha_backward"], quick=True)]
+    expect(quick == ["mha_backward_b4_h32_s4096_d128_128"], "mha_backward: one quick case (--families mha_backward --quick)")
     expect(len(cases.select(table, ["gqa"])) == 5, "--families gqa: 5 cases")
     expect([c.name for c in cases.select(table, pattern="sk32768_causal")] == ["dense_b128_hq128_sq2_sk32768_causal"],
            "--filter by regex")
@@ -206,6 +225,33 @@ def test_mha_prefill_data() -> None:
            "mha_prefill: packed rows hold SDPA's [b, h, s, d] values; FLOPs 2 b h s^2 (d_qk + d_v), causal / 2")
 
 
+def test_mha_backward_data() -> None:
+    for case in BWD_CASES:
+        x = data.generate(case, 3, "cpu")
+        t, p = x.tensors, case.params
+        forward = data.generate(cases.Case("forward", "mha_prefill", p), 3, "cpu").tensors
+        same = all(torch.equal(t[n], forward[n]) for n in ("q_rows", "k_rows", "v_rows", "cu_seqlens"))
+        h, h_kv, d_qk, d_v = p["h"], p.get("h_kv", p["h"]), p["d_qk"], p["d_v"]
+        total = t["cu_seqlens"][-1].item()
+        dout = t["dout_rows"]
+        shapes = dout.shape == (total, h, d_v) and dout.dtype == torch.bfloat16
+        shapes &= t["k_rows"].shape == (total, h_kv, d_qk)
+        scale = 0.07 < float(dout.float().std()) < 0.13
+        if not p["varlen"]:
+            b, s = p["b"], p["s"]
+            same &= torch.equal(t["dout_rows"].view(b, s, h, d_v).transpose(1, 2), t["dout"])
+            same &= torch.equal(t["k_rows"].view(b, s, h_kv, d_qk).transpose(1, 2), t["k"])
+        pairs = sum(n * n for n in t["lengths"]) / (2 if p["causal"] else 1)
+        flops = 2 * (3 * d_qk + 2 * d_v) * pairs * h
+        nbytes = total * 2 * (h * (d_qk + d_v) * 2 + h_kv * (d_qk + d_v) * 2) + total * h * 4
+        expect(same and shapes and scale and x.info["flops"] == flops and x.info["bytes"] == nbytes,
+               f"{case.name}: the forward's q, k, v, dout ~ N(0, 1) / 10 (std {float(dout.float().std()):.3f}), "
+               f"packed rows hold SDPA's values, FLOPs 2 (3 d_qk + 2 d_v) pairs h ({x.info['flops']:.0f}), bytes")
+    x = data.generate(MHA_GQA, 3, "cpu")
+    expect(x.info["bytes"] == 80 * (4 * 128 + 2 * 128) * 2 and x.tensors["k"].shape == (2, 2, 40, 64),
+           "mha_prefill GQA: k, v with h_kv heads; bytes q, k, v, out once")
+
+
 def test_merge_data() -> None:
     x = data.generate(MERGE["cp_decode"], 3, "cpu")
     o, lse = x.tensors["o"], x.tensors["lse"]
@@ -251,6 +297,56 @@ def test_mha_prefill_reference() -> None:
                f"mha_prefill varlen (causal {causal}): attention across sequences fails the check")
 
 
+def _sdpa_backward_float64(x: data.Inputs, first: int, last: int) -> dict:
+    """dq, dk, dv of rows [first, last) as one sequence: float64 SDPA (math) by autograd,
+    enable_gqa: a second way to the reference."""
+    t = x.tensors
+    q, k, v = (t[n][first:last].double().transpose(0, 1).requires_grad_() for n in ("q_rows", "k_rows", "v_rows"))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=t["causal"],
+                                                           enable_gqa=q.shape[0] != k.shape[0])
+    grads = torch.autograd.grad(out, (q, k, v), t["dout_rows"][first:last].double().transpose(0, 1))
+    return {n: g.transpose(0, 1) for n, g in zip(("dq", "dk", "dv"), grads)}
+
+
+def test_mha_backward_reference() -> None:
+    """The autograd reference against float64 SDPA per sequence, in one chunk of heads and in
+    chunks of one kv head; the gradients of attention across the sequences fail the check, and
+    so does a perturbed gradient."""
+    for case in BWD_CASES:
+        x = data.generate(case, 5, "cpu")
+        starts = x.tensors["cu_seqlens"].tolist()
+        ref = reference.mha_backward(x)
+        chunk = reference.GRAD_CHUNK
+        try:
+            reference.GRAD_CHUNK = 1  # one kv head per chunk
+            small = reference.mha_backward(x)
+        finally:
+            reference.GRAD_CHUNK = chunk
+        per_sequence = [_sdpa_backward_float64(x, a, b) for a, b in zip(starts[:-1], starts[1:])]
+        same = all(torch.allclose(torch.cat([g[n] for g in per_sequence]), ref[n], rtol=0, atol=1e-12)
+                   and torch.equal(small[n], ref[n]) for n in ("dq", "dk", "dv"))
+        expect(same and ref["index"] == ("token", list(range(starts[-1]))),
+               f"{case.name}: the backward's reference is float64 SDPA's autograd per sequence, in chunks of heads "
+               "or not; every token checked")
+        rounded = {n: ref[n].to(torch.bfloat16) for n in ("dq", "dk", "dv")}
+        expect(reference.check("mha_backward", rounded, ref)["ok"], f"{case.name}: the rounded reference passes")
+        for name in ("dq", "dk", "dv"):
+            bad = dict(rounded, **{name: rounded[name] * 1.1})
+            expect(not reference.check("mha_backward", bad, ref)[name]["ok"],
+                   f"{case.name}: {name} 10% off fails the check")
+        if len(starts) > 2:
+            across = {n: g.to(torch.bfloat16) for n, g in _sdpa_backward_float64(x, 0, starts[-1]).items()}
+            result = reference.check("mha_backward", across, ref)
+            expect(not result["ok"] and not result["dk"]["ok"],
+                   f"{case.name}: the gradients of attention across sequences fail the check")
+    expect(reference.check_output(torch.tensor([1.06]), torch.tensor([1.0], dtype=torch.float64),
+                                  reference.ELEMENTWISE["dq"])["over"] == 0
+           and reference.check_output(torch.tensor([1.07]), torch.tensor([1.0], dtype=torch.float64),
+                                      reference.ELEMENTWISE["dq"])["over"] == 1
+           and reference.check_output(torch.tensor([1.02]), torch.tensor([1.0], dtype=torch.float64))["over"] == 1,
+           "backward tolerance rel 8/128 (out: 2/128)")
+
+
 def _mlakit():
     try:
         return importlib.import_module("mlakit.flash_mla")
@@ -261,19 +357,22 @@ def _mlakit():
 
 def test_references(api) -> None:
     for case in (DENSE, SPARSE, SPARSE_V4, PREFILL, PREFILL_D512, *GQA.values(), MHA, MHA_D192, *VARLEN.values(),
-                 *MERGE.values()):
+                 MHA_GQA, *BWD_CASES, *MERGE.values()):
         x = data.generate(case, 5, "cpu")
         ref = reference.REFERENCES[case.family](x)
         if api is None:
             continue
-        r = sides.runner("mlakit", api, case.family, x)
-        r.call()
-        got = r.outputs(r.call())
-        result = reference.check(case.family, got, ref)
-        bases = {k: v.get("base") for k, v in result.items() if isinstance(v, dict) and "base" in v}
-        expect(result["ok"], f"{case.name}: mlakit's CPU reference passes the check against ours {bases}")
-        bad = dict(got, out=got["out"] + 0.05)
-        expect(not reference.check(case.family, bad, ref)["ok"], f"{case.name}: a perturbed out fails the check")
+        for side in ("mlakit", "mlakit_deterministic") if case.family == "mha_backward" else ("mlakit",):
+            r = sides.runner(side, api, case.family, x)
+            r.call()
+            got = r.outputs(r.call())
+            result = reference.check(case.family, got, ref)
+            bases = {k: v.get("base") for k, v in result.items() if isinstance(v, dict) and "base" in v}
+            expect(result["ok"] and set(got) <= set(result),
+                   f"{case.name}: {side}'s CPU reference passes the check against ours {sorted(got)} {bases}")
+        for name in (n for n in got if n in reference.ELEMENTWISE):
+            bad = dict(got, **{name: got[name] + 0.05})
+            expect(not reference.check(case.family, bad, ref)["ok"], f"{case.name}: a perturbed {name} fails the check")
         if "lse" in got:
             bad = dict(got, lse=got["lse"] + 1e-3)
             expect(not reference.check(case.family, bad, ref)["ok"], f"{case.family}: a perturbed lse fails the check")
@@ -309,13 +408,24 @@ def test_sdpa_side() -> None:
         r.call()
         result = reference.check("gqa", r.outputs(r.call()), reference.gqa(x))
         expect(result["ok"], f"gqa {name}: SDPA side (math backend, enable_gqa) passes the check {result['out']}")
-    for case in (MHA, MHA_D192, VARLEN[False], VARLEN[True]):
+    for case in (MHA, MHA_D192, VARLEN[False], VARLEN[True], MHA_GQA, *BWD_CASES):
         x = data.generate(case, 5, "cpu")
-        ref = reference.mha_prefill(x)
-        r = sides.runner("sdpa_math", SDPBackend.MATH, "mha_prefill", x)
+        ref = reference.REFERENCES[case.family](x)
+        r = sides.runner("sdpa_math", SDPBackend.MATH, case.family, x)
         r.call()
-        result = reference.check("mha_prefill", r.outputs(r.call()), ref)
-        expect(result["ok"], f"{case.name}: SDPA side (math backend) passes the check {result['out']}")
+        got = r.outputs(r.call())
+        result = reference.check(case.family, got, ref)
+        expect(result["ok"] and set(got) <= set(result),
+               f"{case.name}: SDPA side (math backend) passes the check "
+               + " ".join(f"{n} {result[n]}" for n in got))
+    x = data.generate(BWD_VARLEN[True], 5, "cpu")
+    r = sides.runner("sdpa_math", SDPBackend.MATH, "mha_backward", x)
+    first, again = r.call(), r.call()
+    expect(len(first) == 3 * len(x.tensors["lengths"]) and all(torch.equal(a, b) for a, b in zip(first, again))
+           and all(g.data_ptr() != x.tensors["q_rows"].data_ptr() for g in first)
+           and not x.tensors["q_rows"].requires_grad,
+           "mha_backward varlen: SDPA's timed call is autograd.grad over the graph built once (repeatable; per "
+           "sequence dq, dk, dv; the shared rows untouched)")
     x = data.generate(VARLEN[False], 5, "cpu")
     t = x.tensors
     starts = t["cu_seqlens"].tolist()
@@ -324,9 +434,10 @@ def test_sdpa_side() -> None:
         q.data_ptr() == t["q_rows"][a].data_ptr() and q.shape == (1, 2, b - a, t["q_rows"].shape[-1])
         for q, a, b in zip(views, starts[:-1], starts[1:])),
         "mha_prefill varlen: SDPA's q per sequence [1, h, n, d] is a view of the packed rows")
-    for case, backend, why in ((MHA_D192, SDPBackend.FLASH_ATTENTION, "d_qk == d_v"),):
+    for case, backend, why in ((MHA_D192, SDPBackend.FLASH_ATTENTION, "d_qk == d_v"),
+                               (BWD_D192, SDPBackend.FLASH_ATTENTION, "d_qk == d_v")):
         try:
-            sides.runner("sdpa_x", backend, "mha_prefill", data.generate(case, 5, "cpu"))
+            sides.runner("sdpa_x", backend, case.family, data.generate(case, 5, "cpu"))
             raised = "nothing"
         except sides.SideUnsupported as e:
             raised = str(e)
@@ -404,7 +515,8 @@ def test_run_loop(api) -> None:
         expect(not rec.get("error") and sides_ok and rec["ratio"] is not None and sorted(orders) == [[0, 1], [1, 0]],
                f"run loop on {rec['case']}: checked, 2 rounds, both orders, ratio {rec.get('ratio')}"
                + (f" ERROR {rec.get('error')}" if rec.get("error") else ""))
-    records += _mha_prefill_run_loop(api, opts)
+    records += _mha_run_loop(api, opts, (MHA, MHA_D192, VARLEN[True]), ("mlakit",))
+    records += _mha_run_loop(api, opts, (BWD, BWD_D192, BWD_VARLEN[True]), ("mlakit", "mlakit_deterministic"))
     header = dict(run_id=report.run_id(), commit="selftest", gpu="CPU selftest", driver="-", options=dict(rep_ms=200),
                   ceilings={})
     with tempfile.TemporaryDirectory() as tmp:
@@ -421,15 +533,18 @@ def test_run_loop(api) -> None:
         expect(os.path.getsize(png) > 10000, f"chart drawn ({os.path.getsize(png)} bytes)")
 
 
-def _mha_prefill_run_loop(api, opts) -> List[dict]:
-    """Three sides (mlakit where importable): SDPA's flash backend not supported at d 192/128,
-    recorded as such and not timed, the other sides timed (the varlen mix once per sequence)."""
+def _mha_run_loop(api, opts, three: tuple, mlakit_sides: tuple) -> List[dict]:
+    """The MHA prefill's forward or backward family on its three tiny cases (d 64, d 192/128,
+    varlen causal), SDPA sides and mlakit's (where importable): SDPA's flash backend not
+    supported at d 192/128, recorded as such and not timed, the other sides timed (the varlen
+    mix once per sequence); every other side's ratio to mlakit recorded and printed."""
     from torch.nn.attention import SDPBackend
 
-    mine = {"mlakit": api} if api is not None else {}
-    plan = [(MHA, dict(sdpa_cudnn=SDPBackend.MATH, sdpa_flash=SDPBackend.MATH, **mine), set()),
-            (MHA_D192, dict(sdpa_cudnn=SDPBackend.MATH, sdpa_flash=SDPBackend.FLASH_ATTENTION, **mine), {"sdpa_flash"}),
-            (VARLEN[True], dict(sdpa_cudnn=SDPBackend.MATH, sdpa_flash=SDPBackend.MATH, **mine), set())]
+    mine = {side: api for side in mlakit_sides} if api is not None else {}
+    d64, d192, varlen = three
+    plan = [(d64, dict(sdpa_cudnn=SDPBackend.MATH, sdpa_flash=SDPBackend.MATH, **mine), set()),
+            (d192, dict(sdpa_cudnn=SDPBackend.MATH, sdpa_flash=SDPBackend.FLASH_ATTENTION, **mine), {"sdpa_flash"}),
+            (varlen, dict(sdpa_cudnn=SDPBackend.MATH, sdpa_flash=SDPBackend.MATH, **mine), set())]
     records = []
     for case, handles, unsupported in plan:
         rec = runner.run_case(case, handles, opts, WallMeasure(), "cpu")
@@ -444,9 +559,12 @@ def _mha_prefill_run_loop(api, opts) -> List[dict]:
                f"run loop on {rec['case']}: not supported {sorted(said)}, timed {seqs[0]} then reversed, "
                f"ratio {rec['ratio']}"
                + (f" ERROR {rec.get('error')}" if rec.get("error") else ""))
-        if api is not None and "sdpa_flash" not in unsupported:
-            expect(rec["ratios"].get("sdpa_flash", {}).get("sustained") is not None and report.other_sides_line(rec),
-                   f"{rec['case']}: the flash side's ratio to mlakit recorded and printed")
+        if api is not None:
+            others = sorted(timed - {"sdpa_cudnn", "mlakit"})
+            line = report.other_sides_line(rec) or ""
+            expect(all(rec["ratios"].get(n, {}).get("sustained") is not None
+                       and report.SIDE_LABELS[n] + " " in line for n in others),
+                   f"{rec['case']}: the ratios of {others} to mlakit recorded and printed")
         expect(all(rec["sides"][n]["check"]["ok"] for n in said),
                f"{rec['case']}: a side that is not supported is not a failed check")
     return records
@@ -456,8 +574,8 @@ def main(argv: List[str]) -> int:
     torch.manual_seed(0)
     api = _mlakit()
     for test in (test_case_table, test_dense_data, test_sparse_data, test_sparse_v4_data, test_prefill_data, test_gqa_data,
-                 test_mha_prefill_data, test_merge_data, test_mha_prefill_reference, test_sdpa_side,
-                 test_merge_torch_side, test_kernel_names):
+                 test_mha_prefill_data, test_mha_backward_data, test_merge_data, test_mha_prefill_reference,
+                 test_mha_backward_reference, test_sdpa_side, test_merge_torch_side, test_kernel_names):
         test()
     test_references(api)
     test_run_loop(api)

@@ -16,7 +16,10 @@ The MHA prefill: mlakit's `mha_prefill` on packed rows + cu_seqlens; SDPA on [b,
 (every sequence s long) or, for the varlen mix, once per sequence on views of the same packed
 rows. Every side returns `out` as packed rows [tokens, h, d_v] (SDPA's converted
 outside the timed call). A side that cannot run a case raises SideUnsupported: reported as not
-supported, not as a failure.
+supported, not as a failure. Its backward: the same calls on the same tensors, SDPA's timed
+call `torch.autograd.grad` over a graph built once, mlakit's `mha_prefill_backward` (with
+`deterministic=True` as side mlakit_deterministic) from out and lse of its own forward made
+once; every side returns dq, dk, dv as packed rows.
 
 The merge of partial states: mlakit's `merge_states` on the stacked states into output
 buffers made once (an engine's), against the merge as a PyTorch user writes it, eager
@@ -99,7 +102,7 @@ def load(names: Sequence[str]) -> Dict[str, Any]:
     for name in names:
         if name not in SIDES:
             raise ValueError(f"unknown side {name!r}: expected one of {SIDES}")
-        if name == "mlakit":
+        if name in ("mlakit", "mlakit_deterministic"):  # one package, the mode chosen per call
             handles[name] = _load_mlakit()
         elif name == "flashmla":
             handles[name] = _load_flashmla()
@@ -114,7 +117,7 @@ def describe(handles: Dict[str, Any]) -> Dict[str, str]:
     """Where each side came from, for the JSON lines."""
     out = {}
     for name, handle in handles.items():
-        if name in ("mlakit", "flashmla"):
+        if name in ("mlakit", "mlakit_deterministic", "flashmla"):
             package = importlib.import_module(handle.__name__.split(".")[0])
             version = getattr(package, "__version__", "?")
             out[name] = f"{package.__name__} {version} from {os.path.dirname(os.path.abspath(package.__file__))}"
@@ -218,6 +221,24 @@ def mlakit_mha_prefill_runner(side: str, api: Any, x: Inputs) -> Runner:
     return Runner(side, call, None, ("out",))
 
 
+def mlakit_mha_backward_runner(side: str, api: Any, x: Inputs) -> Runner:
+    """mlakit.mha_prefill_backward on the packed rows (side mlakit_deterministic: with
+    deterministic=True), from out and lse of mlakit.mha_prefill on the same rows, computed here
+    once (untimed, as a training step's forward would have); dq, dk, dv as it returns them."""
+    mk = importlib.import_module(api.__name__.split(".")[0])
+    t = x.tensors
+    cu, n, causal = t["cu_seqlens"], t["max_seqlen"], t["causal"]
+    q, k, v = t["q_rows"], t["k_rows"], t["v_rows"]
+    out, lse = mk.mha_prefill(q, k, v, cu, cu, n, n, None, causal)
+    deterministic = side == "mlakit_deterministic"
+
+    def call() -> Any:
+        return mk.mha_prefill_backward(t["dout_rows"], q, k, v, out, lse, cu, cu, n, n, causal=causal,
+                                       deterministic=deterministic)
+
+    return Runner(side, call, None, ("dq", "dk", "dv"))
+
+
 def mlakit_merge_runner(side: str, api: Any, x: Inputs) -> Runner:
     """mlakit.merge_states on the stacked states, into out / out_lse buffers made here."""
     mk = importlib.import_module(api.__name__.split(".")[0])
@@ -263,49 +284,93 @@ def _sequence_views(rows: torch.Tensor, starts: Sequence[int]) -> Tuple[torch.Te
     return tuple(rows[a:b].unsqueeze(0).transpose(1, 2) for a, b in zip(starts[:-1], starts[1:]))
 
 
+def _sdpa_operands(t: Dict[str, Any], names: Sequence[str]) -> list:
+    """Per SDPA call, the named tensors in SDPA's layout: one call on [b, heads, s, d] where
+    every sequence is s long; for the varlen mix one call per sequence on [1, heads, n, d] views
+    of the packed rows (`<name>_rows`). SDPA's packed form (jagged nested tensors) ran cuDNN
+    ~18x slower than these calls (H100, torch 2.11, 48.6 ms against 2.7 ms for mlakit on the
+    varlen mix), which would flatter the comparison."""
+    if not t["varlen"]:
+        return [tuple(t[name] for name in names)]
+    starts = t["cu_seqlens"].tolist()
+    return list(zip(*(_sequence_views(t[name + "_rows"], starts) for name in names)))
+
+
+def _to_rows(per_call: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per SDPA call [B, heads, n, d] -> the packed rows [tokens, heads, d] of all of them."""
+    rows = [y.transpose(1, 2).reshape(-1, y.shape[1], y.shape[-1]) for y in per_call]
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+
+def _sdpa_prefill_setup(backend: Any, t: Dict[str, Any]) -> Callable[..., Any]:
+    """The MHA prefill's SDPA calls with `backend` pinned (what the forward and the backward
+    share): `attend(calls)`, the outs of SDPA on each (q, k, v) of `calls` (SDPA's layout, see
+    _sdpa_operands) under one sdpa_kernel context, causal as the case, enable_gqa where h_q !=
+    h_kv. PyTorch's flash backend at d_qk != d_v raises SideUnsupported here (known up front:
+    a clearer message than the backend's)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    d_qk, d_v = t["q_rows"].shape[-1], t["v_rows"].shape[-1]
+    if backend == SDPBackend.FLASH_ATTENTION and d_qk != d_v:
+        raise SideUnsupported(f"PyTorch's flash backend needs d_qk == d_v (here {d_qk} / {d_v})")
+    gqa = t["q_rows"].shape[1] != t["k_rows"].shape[1]
+
+    def attend(calls: Sequence[Tuple[torch.Tensor, ...]]) -> Tuple[torch.Tensor, ...]:
+        with sdpa_kernel([backend]):
+            return tuple(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=t["causal"],
+                                                                          enable_gqa=gqa) for q, k, v in calls)
+
+    return attend
+
+
+def _first_call(fn: Callable[[], Any]) -> Any:
+    """One untimed call: a backend that refuses the case raises SideUnsupported with its
+    message; any other error is the side's failure."""
+    try:
+        return fn()
+    except Exception as e:
+        if _rejected(e):
+            raise SideUnsupported(f"{type(e).__name__}: {e}") from e
+        raise
+
+
 def sdpa_mha_prefill_runner(side: str, backend: Any, x: Inputs) -> Runner:
     """SDPA with `backend` pinned on [b, h, s, d] (every sequence s long) or once per sequence
     on views of the packed rows (the varlen mix), made here, outside the timed call; `out`
     converted to packed rows [tokens, h, d_v] by `unpack` (untimed). One untimed call first: a
     backend that refuses the case raises SideUnsupported with its message."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    attend = _sdpa_prefill_setup(backend, x.tensors)
+    calls = _sdpa_operands(x.tensors, ("q", "k", "v"))
 
-    t = x.tensors
-    d_qk, d_v = t["q_rows"].shape[-1], t["v_rows"].shape[-1]
-    if backend == SDPBackend.FLASH_ATTENTION and d_qk != d_v:  # known up front: a clearer message
-        raise SideUnsupported(f"PyTorch's flash backend needs d_qk == d_v (here {d_qk} / {d_v})")
-    attend = torch.nn.functional.scaled_dot_product_attention
-    if t["varlen"]:
-        # One call per sequence on views of the packed rows: SDPA's packed form (jagged nested
-        # tensors) ran cuDNN ~18x slower than these calls (H100, torch 2.11, 48.6 ms against
-        # 2.7 ms for mlakit on the varlen mix), which would flatter the comparison.
-        starts = t["cu_seqlens"].tolist()
-        views = [_sequence_views(t[name], starts) for name in ("q_rows", "k_rows", "v_rows")]
+    def call() -> Any:
+        return attend(calls)
 
-        def call() -> Any:
-            with sdpa_kernel([backend]):
-                return tuple(attend(q, k, v, is_causal=t["causal"]) for q, k, v in zip(*views))
+    _first_call(call)
+    return Runner(side, call, None, ("out",), lambda result: (_to_rows(result),))
 
-        def unpack(result: Any) -> Any:  # per sequence [1, h, n, d_v] -> packed rows [tokens, h, d_v]
-            return (torch.cat([o[0].transpose(0, 1) for o in result]),)
-    else:
-        q, k, v = t["q"], t["k"], t["v"]
 
-        def call() -> Any:
-            with sdpa_kernel([backend]):
-                return (attend(q, k, v, is_causal=t["causal"]),)
+def sdpa_mha_backward_runner(side: str, backend: Any, x: Inputs) -> Runner:
+    """The backward of SDPA with `backend` pinned: q, k, v of every call (as the forward's
+    runner makes them) detached into leaves that require grad (the same memory), the forward
+    run once here (untimed; a backend that refuses it or its backward raises SideUnsupported),
+    and the timed call `torch.autograd.grad(outs, leaves, douts, retain_graph=True)` over the
+    graph it built: the backend's backward kernels and what PyTorch's autograd adds around
+    them. dq, dk, dv converted to packed rows by `unpack` (untimed)."""
+    attend = _sdpa_prefill_setup(backend, x.tensors)
+    leaves = [tuple(y.detach().requires_grad_() for y in qkv) for qkv in _sdpa_operands(x.tensors, ("q", "k", "v"))]
+    douts = [dout for (dout,) in _sdpa_operands(x.tensors, ("dout",))]
+    flat = [y for qkv in leaves for y in qkv]
+    with torch.enable_grad():
+        outs = _first_call(lambda: attend(leaves))
 
-        def unpack(result: Any) -> Any:  # [b, h, s, d_v] -> [b * s, h, d_v]
-            out = result[0]
-            return (out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[-1]),)
+    def call() -> Any:
+        return torch.autograd.grad(outs, flat, douts, retain_graph=True)
 
-    try:
-        call()
-    except Exception as e:
-        if _rejected(e):
-            raise SideUnsupported(f"{type(e).__name__}: {e}") from e
-        raise
-    return Runner(side, call, None, ("out",), unpack)
+    def unpack(grads: Any) -> Any:  # (dq, dk, dv) of each call, in order -> packed rows of each
+        return tuple(_to_rows(grads[i::3]) for i in range(3))
+
+    _first_call(call)
+    return Runner(side, call, None, ("dq", "dk", "dv"), unpack)
 
 
 def sdpa_runner(side: str, backend: Any, family: str, x: Inputs) -> Runner:
@@ -324,10 +389,12 @@ def sdpa_runner(side: str, backend: Any, family: str, x: Inputs) -> Runner:
 
 
 # Families whose sides need their own runners: (mlakit's, the prefix of the other sides'
-# names, their runner).
+# names, their runner). mlakit's runner serves every side whose name starts with mlakit (the
+# backward's mlakit_deterministic).
 _OWN_RUNNERS = {
     "gqa": (mlakit_gqa_runner, "sdpa", sdpa_gqa_runner),
     "mha_prefill": (mlakit_mha_prefill_runner, "sdpa", sdpa_mha_prefill_runner),
+    "mha_backward": (mlakit_mha_backward_runner, "sdpa", sdpa_mha_backward_runner),
     "merge": (mlakit_merge_runner, "torch", torch_merge_runner),
 }
 
@@ -335,7 +402,7 @@ _OWN_RUNNERS = {
 def runner(side: str, handle: Any, family: str, x: Inputs) -> Runner:
     if family in _OWN_RUNNERS:
         mine, others, theirs = _OWN_RUNNERS[family]
-        if side == "mlakit":
+        if side == "mlakit" or (side.startswith("mlakit_") and family == "mha_backward"):
             return mine(side, handle, x)
         if side.startswith(others):
             return theirs(side, handle, x)

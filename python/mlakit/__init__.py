@@ -12,6 +12,8 @@ Empty inputs (b, s_q or h_q of 0) give empty outputs.
 NumPy has no bfloat16: pass ``ml_dtypes.bfloat16`` arrays, or uint16 arrays of bfloat16 bit
 patterns. ``mlakit.flash_mla`` is a drop-in for FlashMLA's Python API; ``mlakit.torch_ops``
 registers the operations as PyTorch custom ops (``torch.ops.mlakit.*``) for ``torch.compile``.
+The dense prefill (``mha_prefill``, ``mha_prefill_backward``) is differentiable on PyTorch
+tensors that require grad (through ``torch.ops.mlakit.mha_prefill``'s autograd formula).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ._fp8_cache import (
 from ._gqa_cache import dequantize_gqa_cache, gqa_cache_append, quantize_gqa_cache
 from ._gqa_decode import GqaDecodePlan, gqa_decode, gqa_decode_plan
 from ._merge import merge_states
-from ._mha_prefill import mha_prefill
+from ._mha_prefill import mha_prefill, mha_prefill_backward
 from ._sparse_decode import mla_sparse_decode, mla_sparse_decode_plan
 from ._sparse_prefill import mla_sparse_prefill
 
@@ -57,5 +59,6 @@ __all__ = [
     "dequantize_gqa_cache",
     "gqa_cache_append",
     "mha_prefill",
+    "mha_prefill_backward",
     "merge_states",
 ]

@@ -1,9 +1,9 @@
-"""Dense MHA prefill forward over variable-length sequences (include/mlakit/mha_prefill.h):
-the float64 CPU reference on host arrays, the GPU kernels on device arrays."""
+"""Dense MHA prefill over variable-length sequences (include/mlakit/mha_prefill.h), forward and
+backward: the float64 CPU reference on host arrays, the GPU kernels on device arrays."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from . import _arrays as arrays
 from . import _checks as checks
@@ -42,12 +42,63 @@ def mha_prefill(
     Host arrays run the float64 CPU reference (which also checks the prefix sums' values);
     device arrays the GPU kernels on the current stream (asynchronous, nothing read back:
     capturable in a CUDA graph; the prefix sums must then be valid, docs/contract.md).
+    PyTorch tensors that require grad (grad mode on), and calls that torch.compile traces,
+    run through ``torch.ops.mlakit.mha_prefill``, whose gradient is
+    :func:`mha_prefill_backward`'s.
     """
     op = "mha_prefill"
     max_seqlen_q, max_seqlen_k, softmax_scale, causal = check_arguments(
         op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel
     )
+    if arrays.traced(q) or needs_grad(q, k, v):
+        import torch
+
+        from . import torch_ops  # noqa: F401  (registers the ops)
+
+        return torch.ops.mlakit.mha_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                            softmax_scale, causal, kernel)
     return run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel)
+
+
+def mha_prefill_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    deterministic: bool = False,
+    kernel: str = "auto",
+) -> Tuple[Any, Any, Any]:
+    """The gradients of :func:`mha_prefill`: from ``dout`` [total_q, h_q, d_v] (dL/dout, q's
+    dtype), the forward's inputs and arguments, and its ``out`` [total_q, h_q, d_v] and
+    ``lse`` [h_q, total_q] float32 (used as given, not recomputed: FlashAttention's
+    ``P = exp(s - lse)``, ``D = rowsum(dout * out)``), returns ``(dq [total_q, h_q, d_qk], dk
+    [total_k, h_kv, d_qk], dv [total_k, h_kv, d_v])`` in q's dtype. dk and dv of a kv head
+    are summed over the h_q / h_kv query heads that share it. A query that sees no key gets
+    dq 0; a key row of a sequence without queries gets dk = dv = 0; rows in no sequence are 0
+    on the host and not written on the device.
+
+    ``deterministic`` (device arrays): bitwise-identical gradients from run to run (without
+    it the order of the kernels' float32 accumulation may vary). ``kernel`` (device arrays):
+    'auto' or 'portable' (the portable kernels, on any GPU of compute capability 8.0+), 'sm90'
+    (an error: no Hopper backward kernel yet). Host arrays run the float64 CPU reference
+    (deterministic; it ignores both, and checks the prefix sums' values); device arrays the
+    GPU kernels on the current stream, with a workspace allocated by the inputs' framework.
+    """
+    op = "mha_prefill_backward"
+    max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic = check_backward_arguments(
+        op, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+        deterministic, kernel,
+    )
+    return run_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        softmax_scale, causal, deterministic, kernel)
 
 
 def check_arguments(
@@ -79,12 +130,49 @@ def check_arguments(
     softmax_scale = checks.scale(op, "softmax_scale", softmax_scale)
     causal = checks.flag(op, "causal", causal)
     checks.choice(op, "kernel", kernel, KERNELS)
+    _check_where(op, q, (("k", k), ("v", v), (cu_q_name, cu_seqlens_q), (cu_k_name, cu_seqlens_k)))
+    return max_seqlen_q, max_seqlen_k, softmax_scale, causal
+
+
+def check_backward_arguments(
+    op: str,
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: Any,
+    max_seqlen_k: Any,
+    softmax_scale: Any,
+    causal: Any,
+    deterministic: Any,
+    kernel: Any,
+) -> Tuple[int, int, Optional[float], bool, bool]:
+    """check_arguments plus the backward's own arrays (dout, out, lse: arrays of their rank,
+    where q is) and ``deterministic``; returns (max_seqlen_q, max_seqlen_k, softmax_scale,
+    causal, deterministic)."""
+    checks.array(op, "dout", dout, "[total_q, h_q, d_v]")
+    max_seqlen_q, max_seqlen_k, softmax_scale, causal = check_arguments(
+        op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel
+    )
+    checks.array(op, "out", out, "[total_q, h_q, d_v]")
+    checks.array(op, "lse", lse, "[h_q, total_q]")
+    deterministic = checks.flag(op, "deterministic", deterministic)
+    _check_where(op, q, (("dout", dout), ("out", out), ("lse", lse)))
+    return max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic
+
+
+def _check_where(op: str, q: Any, named: Sequence[Tuple[str, Any]]) -> None:
+    """Every array of `named` is in host memory if q is, in device memory if q is: the
+    reference must not read device memory, nor the kernels host memory."""
     host = _on_host(q)
-    for name, x in (("k", k), ("v", v), (cu_q_name, cu_seqlens_q), (cu_k_name, cu_seqlens_k)):
-        if _on_host(x) != host:  # the reference must not read device memory, nor the kernels host memory
+    for name, x in named:
+        if _on_host(x) != host:
             where, other = ("host", "device") if host else ("device", "host")
             raise ValueError(f"{op}: {name}: expected {where} memory (q is a {where} array), got a {other} array")
-    return max_seqlen_q, max_seqlen_k, softmax_scale, causal
 
 
 def _on_host(x: Any) -> bool:
@@ -93,6 +181,17 @@ def _on_host(x: Any) -> bool:
     if arrays.framework(x) == "torch":
         return x.device.type == "cpu"
     return arrays.on_host(x)
+
+
+def needs_grad(*xs: Any) -> bool:
+    """Whether autograd would record a call on these arrays (PyTorch tensors, grad mode on,
+    one of them requiring grad): such a call goes through torch.ops.mlakit.mha_prefill, which
+    has the backward; others go straight to the extension (see arrays.traced)."""
+    if arrays.framework(xs[0]) != "torch":
+        return False
+    import torch
+
+    return torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in xs)
 
 
 def run(
@@ -110,22 +209,72 @@ def run(
     """mha_prefill on checked arguments: allocates the outputs (rows in no sequence: 0 on the
     host, unwritten on the device) and runs the reference or the GPU kernels."""
     total_q, h_q = int(q.shape[0]), int(q.shape[1])
-    if arrays.on_host(q):
-        out = arrays.full(q, (total_q, h_q, int(v.shape[2])), None, 0)
-        lse = arrays.full(q, (h_q, total_q), "float32", 0)
-    else:
-        out = arrays.empty(q, (total_q, h_q, int(v.shape[2])), None)
-        lse = arrays.empty(q, (h_q, total_q), "float32")
+    out = _output(q, (total_q, h_q, int(v.shape[2])))
+    lse = _output(q, (h_q, total_q), "float32")
     x = arrays.extension_view
     args = (x(q), x(k), x(v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, x(out), lse)
-    try:
-        if arrays.on_host(q):
-            _C.mha_prefill_reference(*args, softmax_scale, causal)
-            return out, lse
-        with arrays.device_scope(q):
-            size = _C.mha_prefill_workspace_size(*args, softmax_scale, causal, kernel)
-            workspace = arrays.empty(q, (size,), "uint8") if size > 0 else None
-            _C.mha_prefill(*args, workspace, softmax_scale, causal, kernel, arrays.current_stream(q))
-    except TypeError as e:  # the extension's conversion ('q: unsupported dtype ...'), named like the library's
-        raise TypeError(f"mha_prefill: {e}") from None
+    _call("mha_prefill", q, args, (softmax_scale, causal), (softmax_scale, causal, kernel), _C.mha_prefill_reference,
+          _C.mha_prefill_workspace_size, _C.mha_prefill)
     return out, lse
+
+
+def run_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: Optional[float],
+    causal: bool,
+    deterministic: bool,
+    kernel: str,
+) -> Tuple[Any, Any, Any]:
+    """mha_prefill_backward on checked arguments: allocates dq, dk, dv in q's dtype (rows in no
+    sequence: 0 on the host, unwritten on the device) and runs the reference or the GPU
+    kernels."""
+    dq, dk, dv = (_output(q, tuple(int(n) for n in x.shape)) for x in (q, k, v))
+    x = arrays.extension_view
+    args = (x(dout), x(q), x(k), x(v), x(out), lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, x(dq),
+            x(dk), x(dv))
+    _call("mha_prefill_backward", q, args, (softmax_scale, causal), (softmax_scale, causal, deterministic, kernel),
+          _C.mha_prefill_backward_reference, _C.mha_prefill_backward_workspace_size, _C.mha_prefill_backward)
+    return dq, dk, dv
+
+
+def _output(like: Any, shape: Tuple[int, ...], dtype_name: Optional[str] = None) -> Any:
+    """An output array: zero-filled on the host (the reference leaves rows in no sequence as
+    they are), uninitialised on the device (the kernels do too: no memset per call)."""
+    if arrays.on_host(like):
+        return arrays.full(like, shape, dtype_name, 0)
+    return arrays.empty(like, shape, dtype_name)
+
+
+def _call(
+    op: str,
+    like: Any,
+    args: Tuple[Any, ...],
+    reference_options: Tuple[Any, ...],
+    device_options: Tuple[Any, ...],
+    reference: Callable[..., None],
+    workspace_size: Callable[..., int],
+    device_entry: Callable[..., None],
+) -> None:
+    """One call of the extension, the forward's or the backward's: `reference` on host
+    arrays; on device arrays `workspace_size`, a workspace of that many bytes from `like`'s
+    framework, then `device_entry` on the current stream. The extension's conversion errors
+    ('q: unsupported dtype ...') are named after `op`, like the library's."""
+    try:
+        if arrays.on_host(like):
+            reference(*args, *reference_options)
+            return
+        with arrays.device_scope(like):
+            size = workspace_size(*args, *device_options)
+            workspace = arrays.empty(like, (size,), "uint8") if size > 0 else None
+            device_entry(*args, workspace, *device_options, arrays.current_stream(like))
+    except TypeError as e:
+        raise TypeError(f"{op}: {e}") from None

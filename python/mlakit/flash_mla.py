@@ -21,8 +21,9 @@ flash_mla``, same names, arguments, defaults, shapes and return values.
 - ``flash_attn_varlen_func`` / ``flash_attn_varlen_qkvpacked_func`` /
   ``flash_attn_varlen_kvpacked_func``: the dense MHA prefill forward (varlen, causal
   bottom-right, GQA) through ``torch.ops.mlakit.mha_prefill``; ``lse`` as FlashMLA returns it,
-  ``[total_q, h_q]`` viewing an ``[h_q, total_q]`` buffer. Forward only: ``dropout_p`` must be
-  0 and there is no backward.
+  ``[total_q, h_q]`` viewing an ``[h_q, total_q]`` buffer. Differentiable in q, k, v (or
+  qkv / kv) on PyTorch tensors (the backward ``mlakit.mha_prefill_backward``, ``deterministic``
+  honoured there); ``dropout_p`` must be 0.
 
 Host arrays (NumPy, CPU tensors) run the float64 CPU reference and need no metadata. What is
 not honoured raises NotImplementedError: the dense FP8 cache, the sparse decode over a bf16
@@ -336,12 +337,14 @@ def flash_attn_varlen_func(
     log, ``lse`` the transposed view of an ``[h_q, total_q]`` buffer (as FlashMLA returns it;
     ``lse.T`` is contiguous). A query that sees no key: 0 and +inf.
 
-    ``dropout_p`` must be 0 (forward only, no dropout: NotImplementedError otherwise);
-    ``deterministic`` is accepted either way (the forward is deterministic: one result per
-    input); ``is_varlen=False`` (FlashMLA's fixed-length 4-d layout, which its own Python
-    wrapper cannot pass) raises NotImplementedError. PyTorch tensors run through
-    ``torch.ops.mlakit.mha_prefill`` (torch.compile, CUDA graphs); host arrays run the float64
-    CPU reference.
+    Differentiable: PyTorch tensors that require grad (grad mode on) and compiled calls run
+    through ``torch.ops.mlakit.mha_prefill``, whose backward is mlakit.mha_prefill_backward
+    (dq, dk, dv; ``lse`` takes no gradient: a nonzero one raises NotImplementedError in eager
+    mode); other eager calls go straight to the extension. ``deterministic``: the backward's
+    bitwise run-to-run reproducibility (the forward is deterministic either way).
+    ``dropout_p`` must be 0 (no dropout: NotImplementedError otherwise); ``is_varlen=False``
+    (FlashMLA's fixed-length 4-d layout, which its own Python wrapper cannot pass) raises
+    NotImplementedError. Host arrays run the float64 CPU reference (forward and backward).
     """
     op = "flash_attn_varlen_func"
     return _varlen(op, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, dropout_p,
@@ -361,7 +364,8 @@ def flash_attn_varlen_qkvpacked_func(
 ) -> Tuple[Any, Any]:
     """:func:`flash_attn_varlen_func` of ``qkv`` [total, h, 2 * head_dim_qk + d_v]: q its
     first ``head_dim_qk`` columns, k the next ``head_dim_qk``, v the rest (views, not copies;
-    h_q = h_kv = h), with one ``cu_seqlens`` / ``max_seqlen`` for queries and keys."""
+    h_q = h_kv = h), with one ``cu_seqlens`` / ``max_seqlen`` for queries and keys. The
+    gradients of the three views add up in ``qkv.grad``."""
     op = "flash_attn_varlen_qkvpacked_func"
     checks.array(op, "qkv", qkv, "[total, h, 2 * head_dim_qk + d_v]")
     d = checks.integer(op, "head_dim_qk", head_dim_qk, minimum=1)
@@ -391,7 +395,7 @@ def flash_attn_varlen_kvpacked_func(
 ) -> Tuple[Any, Any]:
     """:func:`flash_attn_varlen_func` of q and ``kv`` [total_k, h_kv, head_dim_qk + d_v]: k its
     first ``head_dim_qk`` columns, v the rest (views, not copies); ``head_dim_qk`` must be q's
-    last dimension."""
+    last dimension. The gradients of k and v land in ``kv.grad``."""
     op = "flash_attn_varlen_kvpacked_func"
     checks.array(op, "q", q, "[total_q, h_q, d_qk]")
     checks.array(op, "kv", kv, "[total_k, h_kv, head_dim_qk + d_v]")
@@ -436,7 +440,7 @@ def _varlen(
     dropout_p = checks.real(op, "dropout_p", dropout_p)
     if dropout_p != 0.0:
         raise NotImplementedError(f"{op}: dropout_p: mlakit's forward has no dropout: expected 0.0, got {dropout_p}")
-    checks.flag(op, "deterministic", deterministic)  # the forward is deterministic either way
+    deterministic = checks.flag(op, "deterministic", deterministic)  # the backward's mode (the forward's is anyway)
     if not checks.flag(op, "is_varlen", is_varlen):
         raise NotImplementedError(
             f"{op}: is_varlen: expected True (False is FlashMLA's fixed-length [b, s, h, d] layout, not supported by "
@@ -446,12 +450,15 @@ def _varlen(
         op, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, softmax_scale, causal,
         names=_VARLEN_NAMES[op],
     )
-    if arrays.traced(q):  # through torch.ops.mlakit (mlakit.torch_ops): one node of the compiled graph
+    # Through torch.ops.mlakit (mlakit.torch_ops) when compiled (one node of the graph) or when
+    # autograd records the call (the op has the backward); else straight to the extension.
+    if arrays.traced(q) or _mha_prefill.needs_grad(q, k, v):
         import torch
 
         from . import torch_ops  # noqa: F401  (registers the ops)
 
-        out, lse = torch.ops.mlakit.mha_prefill(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_q, max_k, scale, causal)
+        out, lse = torch.ops.mlakit.mha_prefill(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_q, max_k, scale, causal,
+                                                "auto", deterministic)
     else:
         out, lse = _mha_prefill.run(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_q, max_k, scale, causal, "auto")
     return out, lse.T  # FlashMLA's [total_q, h_q] view of the [h_q, total_q] buffer

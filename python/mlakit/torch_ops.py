@@ -25,8 +25,13 @@ Ops (arguments as in the ``mlakit`` function of the same name):
 - ``mla_sparse_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base) ->
   (out, max_logits, lse)``
 - ``mha_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-  causal, kernel_name="auto") -> (out, lse)`` (``lse`` [h_q, total_q]; ``kernel_name``: the
-  function's ``kernel``); ``flash_attn_varlen_func`` and its packed forms run through it
+  causal, kernel_name="auto", deterministic=False) -> (out, lse)`` (``lse`` [h_q, total_q];
+  ``kernel_name``: the function's ``kernel``), differentiable in q, k and v: its backward is
+  ``mha_prefill_backward`` (``deterministic`` is passed there; a nonzero gradient of ``lse``
+  raises NotImplementedError in eager mode). ``mha_prefill_backward(dout, q, k, v, out, lse,
+  cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+  deterministic=False, kernel_name="auto") -> (dq, dk, dv)``. ``flash_attn_varlen_func`` and
+  its packed forms run through ``mha_prefill`` when compiled or when a tensor requires grad
 - ``gqa_decode(q, k_cache, v_cache, block_table, cache_seqlens, workspace, fields, ...) ->
   (out, lse)``; ``gqa_decode_append(..., k_new, v_new, ...)``, the same with this step's keys
   and values written into ``k_cache!``, ``v_cache!`` (and per-token scales!) first;
@@ -250,19 +255,104 @@ def _mha_prefill_op(
     softmax_scale: Optional[float],
     causal: bool,
     kernel_name: str = "auto",
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """``kernel_name``: mlakit.mha_prefill's ``kernel``, 'auto', 'portable' or 'sm90' (CUDA
     tensors; CPU tensors run the reference). Not called ``kernel``: Inductor's fallback for
     custom ops takes a keyword of that name. Strided q / k / v (views of packed tensors) are
-    passed as they are."""
-    return _mha_prefill.mha_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                    causal, kernel_name)
+    passed as they are. ``deterministic``: not read by the forward (deterministic anyway),
+    passed to the backward."""
+    op = "mha_prefill"
+    max_seqlen_q, max_seqlen_k, softmax_scale, causal = _mha_prefill.check_arguments(
+        op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel_name
+    )
+    return _mha_prefill.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                            kernel_name)
 
 
 @_mha_prefill_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel_name="auto"):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel_name="auto",
+      deterministic=False):
     total_q, h_q = q.shape[0], q.shape[1]
     return q.new_empty((total_q, h_q, v.shape[2])), q.new_empty((h_q, total_q), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_NS}::mha_prefill_backward", mutates_args=())
+def _mha_prefill_backward_op(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: Optional[float],
+    causal: bool,
+    deterministic: bool = False,
+    kernel_name: str = "auto",
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """mlakit.mha_prefill_backward -> (dq, dk, dv); ``kernel_name``: its ``kernel``."""
+    return _mha_prefill.mha_prefill_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                             max_seqlen_k, softmax_scale, causal, deterministic, kernel_name)
+
+
+@_mha_prefill_backward_op.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      deterministic=False, kernel_name="auto"):
+    return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape)
+
+
+def _mha_prefill_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel, deterministic = (
+        inputs
+    )
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    # The forward's kernel choice does not carry over ('sm90' has no backward kernel yet):
+    # 'portable' asks for the portable backward, anything else for the backward's 'auto'.
+    backward_kernel = "portable" if kernel == "portable" else "auto"
+    ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, backward_kernel)
+    ctx.set_materialize_grads(False)  # an unused out or lse arrives as None: no zeros made, nothing to check
+
+
+def _mha_prefill_backward(ctx, dout, dlse):
+    _check_no_lse_gradient(dlse)
+    if dout is None:  # the loss does not depend on out
+        return (None,) * 11
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    if dout.stride(-1) != 1:  # e.g. the expanded gradient of out.sum(): the kernels read rows
+        dout = dout.contiguous()
+    dq, dk, dv = _mha_prefill_backward_op(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options)
+    return (dq, dk, dv) + (None,) * 8
+
+
+def _check_no_lse_gradient(dlse: Optional[Tensor]) -> None:
+    """The backward takes no gradient of lse (the kernels' D = rowsum(dout * out) has no term
+    for it): a nonzero one is an error, in eager mode. Compiled code and CUDA-graph capture
+    cannot read the values without a synchronisation (a traced one has none): there a
+    gradient reaching lse is ignored."""
+    if dlse is None or torch.compiler.is_compiling() or _is_traced(dlse):
+        return
+    if dlse.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if bool((dlse != 0).any()):
+        raise NotImplementedError(
+            "mha_prefill: lse: the backward takes no gradient of lse (it is a statistic for merging states, not "
+            "differentiable here), got a nonzero one: keep lse out of the loss, or detach it"
+        )
+
+
+def _is_traced(x: Tensor) -> bool:
+    """Whether `x` holds no data to read: a fake or functional tensor of AOTAutograd's tracing."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(x) or torch._is_functional_tensor(x)
+
+
+_mha_prefill_op.register_autograd(_mha_prefill_backward, setup_context=_mha_prefill_setup_context)
 
 
 # ---- merging partial states ----------------------------------------------------------------

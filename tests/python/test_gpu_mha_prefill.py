@@ -4,8 +4,13 @@ against a float64 PyTorch formula written here and the CPU reference: every (d_q
 causal (bottom-right) and not, GQA, varlen batches with empty sequences and Lq != Lk on
 either side, bfloat16 and float16, strided views read in place, each kernel (sm90 on compute
 capability 9.0 only), rows outside every sequence neither written nor read, torch.compile
-(fullgraph=True) and a CUDA graph replayed with new lengths. Skipped without PyTorch, CUDA, or
-an mlakit built with CUDA."""
+(fullgraph=True) and a CUDA graph replayed with new lengths. The backward
+(mlakit.mha_prefill_backward, torch.ops.mlakit.mha_prefill_backward, and the gradients of
+flash_attn_varlen_func and its packed forms) against the library's CPU reference on the same
+inputs (the GPU forward's out and lse), every pair, causal and not, GQA, float16, long
+sequences; the deterministic mode bitwise reproducible (whatever the workspace held); rows in
+no sequence neither read nor written; the kernel choice; errors; a CUDA graph; opcheck.
+Skipped without PyTorch, CUDA, or an mlakit built with CUDA."""
 
 import itertools
 import math
@@ -21,6 +26,7 @@ from mlakit import flash_mla  # noqa: E402
 from torch.library import opcheck  # noqa: E402
 from torch_cases import capture, generator, require_gpu  # noqa: E402
 from torch_cases import check as check_all  # noqa: E402
+from torch_ops_cases import DOUT_STD, V_STD, check_grad  # noqa: E402
 
 require_gpu()
 DEVICE = "cuda"
@@ -373,3 +379,238 @@ def test_a_cuda_graph_replayed_with_new_lengths_matches_eager():
         end = sum(lq)  # rows past the last sequence are not written
         assert torch.equal(outs[0][:end], want_out[:end]) and torch.equal(outs[1][:end], want_lse[:end]), replay
     check(outs[0], outs[1].T, *reference(q, k, v, cu_q, cu_k, causal=True))
+
+
+# ---- the backward ------------------------------------------------------------------------------
+
+# 'sm90' has no backward kernel yet (an error, below): 'auto' runs the portable kernels.
+BACKWARD_KERNELS = ["auto", "portable"]
+# opcheck's tests for mha_prefill on inputs that require grad: all but the AOTAutograd one, whose
+# random gradient of lse the backward refuses (NotImplementedError).
+WITH_GRAD = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def backward_problem(seed, d_qk, d_v, **kw):
+    """(q, k, v, cu_q, cu_k, dout): problem()'s with v ~ N(0, 1) * V_STD and dout ~ N(0, 1) *
+    DOUT_STD, the backward tests' scales (torch_ops_cases.DOUT_STD says why)."""
+    q, k, v, cu_q, cu_k = problem(seed, d_qk, d_v, **kw)
+    v = v * round(V_STD * 10)  # problem()'s v is N(0, 1) / 10; times a power of two: exact
+    dout = (rand(generator(seed + 1), (q.shape[0], q.shape[1], d_v), torch.float32) * DOUT_STD).to(q.dtype)
+    return q, k, v, cu_q, cu_k, dout
+
+
+def forward_and_dout(seed, d_qk, d_v, causal=False, scale=None, **kw):
+    """(q, k, v, cu_q, cu_k, out, lse, dout): backward_problem()'s and its GPU forward."""
+    q, k, v, cu_q, cu_k, dout = backward_problem(seed, d_qk, d_v, **kw)
+    lq, lk = kw.get("lq", LQ), kw.get("lk", LK)
+    out, lse = mlakit.mha_prefill(q, k, v, cu_q, cu_k, max(lq), max(lk), softmax_scale=scale, causal=causal)
+    return q, k, v, cu_q, cu_k, out, lse, dout
+
+
+def sequence_rows(grads, cu_q, cu_k):
+    """dq, dk, dv cut to the rows of the sequences (the device leaves the others unwritten)."""
+    end_q, end_k = int(cu_q[-1]), int(cu_k[-1])
+    return grads[0][:end_q], grads[1][:end_k], grads[2][:end_k]
+
+
+def cpu_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale=None, causal=False):
+    """The library's float64 CPU reference of the backward on the same inputs, unrounded
+    (float32 gradients), rows in no sequence 0."""
+    grads = [torch.zeros(x.shape, dtype=torch.float32) for x in (q, k, v)]
+    inputs = [x.cpu() for x in (dout, q, k, v, out, lse, cu_q, cu_k)]
+    _C.mha_prefill_backward_reference(*inputs, max_q, max_k, *grads, scale, causal)
+    return grads
+
+
+def check_grads(grads, want, cu_q, cu_k):
+    """The rows of the sequences: on the device, rows in no sequence are not written."""
+    for name, got, expected in zip(("dq", "dk", "dv"), sequence_rows(grads, cu_q, cu_k),
+                                   sequence_rows(want, cu_q, cu_k)):
+        check_grad(got, expected, name)
+
+
+def raw_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, scale=None, causal=False,
+                 deterministic=False, kernel="auto"):
+    """The extension's device entry on caller-made gradients, on the current stream."""
+    args = (dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv)
+    size = _C.mha_prefill_backward_workspace_size(*args, scale, causal, deterministic, kernel)
+    workspace = torch.empty(size, dtype=torch.uint8, device=DEVICE) if size else None
+    _C.mha_prefill_backward(*args, workspace, scale, causal, deterministic, kernel,
+                            torch.cuda.current_stream().cuda_stream)
+
+
+@pytest.mark.parametrize("kernel", BACKWARD_KERNELS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d_qk,d_v", PAIRS)
+def test_backward_matches_the_cpu_reference(d_qk, d_v, causal, kernel):
+    q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(400 + d_qk + d_v + causal, d_qk, d_v, causal)
+    dq, dk, dv = mlakit.mha_prefill_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK), causal=causal,
+                                             kernel=kernel)
+    for x, grad in zip((q, k, v), (dq, dk, dv)):
+        assert grad.is_cuda and grad.dtype == x.dtype and grad.shape == x.shape
+    check_grads((dq, dk, dv), cpu_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK), None, causal),
+                cu_q, cu_k)
+
+
+@pytest.mark.parametrize("h_q,h_kv,dtype", [(8, 8, torch.float16), (8, 1, torch.bfloat16), (16, 4, torch.float16)])
+def test_backward_gqa_ratios_float16_and_a_given_scale(h_q, h_kv, dtype):
+    q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(410 + h_q + h_kv, 128, 128, True, 0.05, h_q=h_q,
+                                                           h_kv=h_kv, dtype=dtype)
+    grads = mlakit.mha_prefill_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(LQ) + 5, max(LK) + 9,
+                                        softmax_scale=0.05, causal=True, deterministic=True)
+    check_grads(grads, cpu_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK), 0.05, True), cu_q, cu_k)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_long_sequences(causal):
+    lq, lk = [700, 1, 300], [700, 900, 200]
+    q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(420 + causal, 128, 128, causal, h_q=4, h_kv=2, lq=lq,
+                                                           lk=lk)
+    grads = mlakit.mha_prefill_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(lq), max(lk), causal=causal)
+    check_grads(grads, cpu_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(lq), max(lk), None, causal), cu_q, cu_k)
+
+
+def test_backward_deterministic_mode_is_bitwise_reproducible():
+    """Many key tiles add into each query tile's dq and 8 query heads into each kv head's dk /
+    dv: the order of those float32 sums is what the mode fixes. Between runs a block of the
+    workspace's size is filled with 0xFF and freed, so the next workspace (PyTorch's caching
+    allocator reuses the block) starts from garbage: the kernels must not read what it held."""
+    lq, lk = [600, 300, 0, 129], [900, 300, 7, 64]
+    q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(430, 128, 128, True, h_q=8, h_kv=1, lq=lq, lk=lk)
+    args = (dout, q, k, v, out, lse, cu_q, cu_k, max(lq), max(lk))
+    first = mlakit.mha_prefill_backward(*args, causal=True, deterministic=True)
+    size = _C.mha_prefill_backward_workspace_size(*args, *first, None, True, True, "auto")
+    for _ in range(5):
+        garbage = torch.full((size,), 0xFF, dtype=torch.uint8, device=DEVICE)
+        del garbage
+        again = mlakit.mha_prefill_backward(*args, causal=True, deterministic=True)
+        for a, b in zip(sequence_rows(first, cu_q, cu_k), sequence_rows(again, cu_q, cu_k)):
+            assert torch.equal(a, b)
+    check_grads(first, cpu_backward(*args, None, True), cu_q, cu_k)
+
+
+def test_backward_rows_outside_every_sequence_are_neither_read_nor_written():
+    """NaN in every input row after the last sequence (q, k, v, dout, out, lse) and in the
+    gradients before the call: those gradient rows stay NaN, the others are NaN-free and right."""
+    q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(440, 128, 128, True, pad_q=70, pad_k=70)
+    end_q, end_k = int(cu_q[-1]), int(cu_k[-1])
+    for x, end in ((q, end_q), (dout, end_q), (out, end_q), (k, end_k), (v, end_k)):
+        x[end:] = float("nan")
+    lse[:, end_q:] = float("nan")
+    for kernel in BACKWARD_KERNELS:
+        grads = [torch.full(x.shape, float("nan"), dtype=x.dtype, device=DEVICE) for x in (q, k, v)]
+        raw_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK), *grads, causal=True, kernel=kernel)
+        torch.cuda.synchronize()
+        assert torch.isnan(grads[0][end_q:]).all() and torch.isnan(grads[1][end_k:]).all()
+        assert torch.isnan(grads[2][end_k:]).all()
+        check_grads(grads, cpu_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK), None, True), cu_q,
+                    cu_k)
+
+
+def test_backward_kernels_agree_and_sm90_is_refused():
+    q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(450, 64, 64, True)
+    args = (dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK))
+    auto = mlakit.mha_prefill_backward(*args, causal=True, deterministic=True)
+    portable = mlakit.mha_prefill_backward(*args, causal=True, deterministic=True, kernel="portable")
+    assert all(torch.equal(a, b) for a, b in zip(sequence_rows(auto, cu_q, cu_k), sequence_rows(portable, cu_q, cu_k)))
+    with pytest.raises(ValueError, match="kernel"):  # no Hopper backward kernel yet
+        mlakit.mha_prefill_backward(*args, causal=True, kernel="sm90")
+    with pytest.raises(ValueError, match="^mha_prefill_backward: kernel: expected"):
+        mlakit.mha_prefill_backward(*args, kernel="hopper")
+
+
+def test_backward_argument_errors_on_the_device():
+    q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(460, 128, 128)
+    bwd = mlakit.mha_prefill_backward
+    with pytest.raises(ValueError, match="mha_prefill_backward: lse: expected device memory"):
+        bwd(dout, q, k, v, out, lse.cpu(), cu_q, cu_k, max(LQ), max(LK))
+    with pytest.raises(ValueError, match="mha_prefill_backward: dout: expected device memory"):
+        bwd(dout.cpu(), q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK))
+    with pytest.raises(ValueError, match="mha_prefill_backward: cu_seqlens_k: expected device memory"):
+        bwd(dout, q, k, v, out, lse, cu_q, cu_k.cpu(), max(LQ), max(LK))
+    with pytest.raises(ValueError, match="lse"):  # FlashMLA's [total_q, h_q] layout
+        bwd(dout, q, k, v, out, lse.T.contiguous(), cu_q, cu_k, max(LQ), max(LK))
+    with pytest.raises(ValueError, match="dout"):
+        bwd(dout[:, :, :64], q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK))
+    with pytest.raises(TypeError, match="^mha_prefill_backward: deterministic: expected a bool"):
+        bwd(dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK), deterministic="yes")
+
+
+def test_backward_empty_problems():
+    # No query: dk and dv of the keys inside sequences are written 0 (the first key sequence).
+    q, k, v, cu_q, cu_k = problem(470, 64, 64, lq=[0, 0], lk=[3, 0], pad_k=0)
+    out, lse = mlakit.mha_prefill(q, k, v, cu_q, cu_k, 0, 3)
+    dout = torch.empty_like(out)
+    dq, dk, dv = mlakit.mha_prefill_backward(dout, q, k, v, out, lse, cu_q, cu_k, 0, 3, causal=True)
+    torch.cuda.synchronize()
+    assert dq.shape == (0, 8, 64) and torch.all(dk == 0) and torch.all(dv == 0)
+    # b = 0: nothing to write, nothing launched.
+    q, k, v, cu_q, cu_k = problem(471, 64, 64, lq=[], lk=[], pad_q=4, pad_k=3)
+    out, lse = mlakit.mha_prefill(q, k, v, cu_q, cu_k, 0, 0)
+    dq, dk, dv = mlakit.mha_prefill_backward(torch.zeros_like(out), q, k, v, out, lse, cu_q, cu_k, 0, 0)
+    torch.cuda.synchronize()
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+
+def test_backward_in_a_cuda_graph_replayed_with_new_gradients():
+    q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(480, 128, 128, True)
+    args = (q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK), None, True, True)
+
+    def step():
+        return OPS.mha_prefill_backward(dout, *args)
+
+    graph, grads = capture(step)
+    gen = generator(481)
+    for replay in range(5):
+        dout.copy_(rand(gen, dout.shape, torch.float32) * DOUT_STD)
+        graph.replay()
+        want = step()
+        torch.cuda.synchronize()
+        for a, b in zip(sequence_rows(grads, cu_q, cu_k), sequence_rows(want, cu_q, cu_k)):
+            assert torch.equal(a, b), replay
+
+
+def test_backward_opcheck_on_the_gpu():
+    q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(490, 64, 64, True, lq=[5, 0, 9], lk=[7, 2, 9], pad_k=0)
+    opcheck(OPS.mha_prefill_backward.default, (dout, q, k, v, out, lse, cu_q, cu_k, 9, 9, None, True, True))
+    opcheck(OPS.mha_prefill_backward.default, (dout, q, k, v, out, lse, cu_q, cu_k, 9, 9, 0.1, False, True,
+                                               "portable"))
+    grads = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
+    opcheck(OPS.mha_prefill.default, grads + (cu_q, cu_k, 9, 9, None, True), test_utils=WITH_GRAD)
+
+
+# ---- gradients through the FlashMLA drop-in ----------------------------------------------------
+
+
+def leaves(*xs):
+    return [x.detach().clone().requires_grad_() for x in xs]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d_qk,d_v", PAIRS)
+def test_flash_attn_varlen_func_gradients_match_the_cpu_reference(d_qk, d_v, causal):
+    q, k, v, cu_q, cu_k, dout = backward_problem(500 + d_qk + causal, d_qk, d_v)
+    tq, tk, tv = leaves(q, k, v)
+    out, lse = flash_mla.flash_attn_varlen_func(tq, tk, tv, cu_q, cu_k, max(LQ), max(LK), causal=causal)
+    (out.float() * dout.float()).sum().backward()
+    want = cpu_backward(dout, q, k, v, out.detach(), lse.detach().T, cu_q, cu_k, max(LQ), max(LK), None, causal)
+    check_grads((tq.grad, tk.grad, tv.grad), want, cu_q, cu_k)
+
+
+def test_packed_forms_give_gradients_to_qkv_and_kv_on_the_gpu():
+    lengths = [130, 0, 1, 77, 40]
+    q, k, v, cu, _, dout = backward_problem(510, 128, 128, h_q=4, h_kv=4, lq=lengths, lk=lengths, pad_k=0)
+    n = max(lengths)
+
+    def backward_of(result):
+        (result[0].float() * dout.float()).sum().backward()
+
+    tq, tk, tv = leaves(q, k, v)
+    backward_of(flash_mla.flash_attn_varlen_func(tq, tk, tv, cu, cu, n, n, causal=True, deterministic=True))
+    (qkv,) = leaves(torch.cat([q, k, v], dim=-1))
+    backward_of(flash_mla.flash_attn_varlen_qkvpacked_func(qkv, cu, n, 128, causal=True, deterministic=True))
+    assert torch.equal(qkv.grad, torch.cat([tq.grad, tk.grad, tv.grad], dim=-1))
+    q2, (kv,) = leaves(q)[0], leaves(torch.cat([k, v], dim=-1))
+    backward_of(flash_mla.flash_attn_varlen_kvpacked_func(q2, kv, cu, cu, n, n, 128, causal=True,
+                                                          deterministic=True))
+    assert torch.equal(q2.grad, tq.grad) and torch.equal(kv.grad, torch.cat([tk.grad, tv.grad], dim=-1))

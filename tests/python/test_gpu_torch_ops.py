@@ -3,8 +3,11 @@
 True) give the eager results with no graph break; a CUDA graph of schedule + decode replayed
 1,000 times with new lengths gives the eager results every time; torch.library.opcheck on
 every op; fake shapes against real ones; a plan of another problem is an error; the
-mlakit.flash_mla drop-in goes through the ops. Skipped without PyTorch, CUDA, or an mlakit
-built with CUDA."""
+mlakit.flash_mla drop-in goes through the ops. Training through flash_attn_varlen_func: a
+few SGD steps of a one-layer attention model in bf16 lower its loss, a compiled forward +
+backward (fullgraph=True) gives the eager gradients bit for bit in the deterministic mode,
+opcheck of the backward op and of the forward op's autograd formula. Skipped without PyTorch,
+CUDA, or an mlakit built with CUDA."""
 
 import pytest
 
@@ -15,7 +18,16 @@ import mlakit.torch_ops as ops  # noqa: E402
 from mlakit import flash_mla  # noqa: E402
 from torch.library import opcheck  # noqa: E402
 from torch_cases import capture, require_gpu  # noqa: E402
-from torch_ops_cases import fake_args, gen, gqa_args, gqa_problem, merge_states_args, mla_problem  # noqa: E402
+from torch_ops_cases import (  # noqa: E402
+    fake_args,
+    gen,
+    gqa_args,
+    gqa_problem,
+    merge_states_args,
+    mla_problem,
+    prefix_sums,
+    varlen_problem,
+)
 
 require_gpu()
 OPS = torch.ops.mlakit
@@ -209,3 +221,83 @@ def test_v4_cache_tool_ops_on_cuda_match_the_cpu_bit_for_bit():
     opcheck(OPS.quantize_fp8_v4_cache.default, (kv.to(CUDA),))
     opcheck(OPS.dequantize_fp8_v4_cache.default, (device,))
     opcheck(OPS.append_fp8_v4_cache.default, (tokens.to(CUDA), slots.to(CUDA), OPS.quantize_fp8_v4_cache(kv.to(CUDA))))
+
+
+# ---- training through flash_attn_varlen_func ---------------------------------------------------
+
+# opcheck's tests for mha_prefill on inputs that require grad: all but the AOTAutograd one, whose
+# random gradient of lse the backward refuses (NotImplementedError).
+WITH_GRAD = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def test_a_few_sgd_steps_of_one_attention_layer_lower_the_loss():
+    """x -> q, k, v projections (GQA: 8 query heads, 2 kv heads of 64) -> causal varlen
+    attention -> output projection, regressed onto a fixed random target; float32 weights
+    cast to bf16 in the forward (so that small updates are not lost to bf16 rounding)."""
+    g = gen(20)
+    lengths, dim, h_q, h_kv, d = [70, 0, 33, 128, 5], 256, 8, 2, 64
+    cu = prefix_sums(lengths, CUDA)
+    total = sum(lengths)
+    x = torch.randn((total, dim), generator=g).to(torch.bfloat16).to(CUDA)
+    target = (torch.randn((total, dim), generator=g) / 4).to(torch.bfloat16).to(CUDA)
+    weights = [(torch.randn(shape, generator=g) * dim**-0.5).to(CUDA).requires_grad_()
+               for shape in ((dim, h_q * d), (dim, h_kv * d), (dim, h_kv * d), (h_q * d, dim))]
+
+    def loss():
+        wq, wk, wv, wo = (w.to(torch.bfloat16) for w in weights)
+        q, k, v = ((x @ w).view(total, -1, d) for w in (wq, wk, wv))
+        out, _ = flash_mla.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+        return ((out.reshape(total, h_q * d) @ wo).float() - target.float()).pow(2).mean()
+
+    losses = []
+    for _ in range(8):
+        value = loss()
+        value.backward()
+        with torch.no_grad():
+            for w in weights:
+                assert torch.isfinite(w.grad).all() and w.grad.abs().sum() > 0
+                w -= 0.5 * w.grad
+                w.grad = None
+        losses.append(float(value))
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert losses[-1] < 0.9 * losses[0], losses
+
+
+def test_a_compiled_forward_and_backward_matches_eager_bit_for_bit():
+    q, k, v, cu_q, cu_k, dout = varlen_problem(21, [130, 0, 77, 5], [200, 3, 77, 0], 8, 2, 128, 128, device=CUDA)
+    kv = torch.cat([k, v], dim=-1)
+
+    def loss(q, kv):
+        out, _ = flash_mla.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 130, 200, 128, causal=True,
+                                                           deterministic=True)
+        out2, _ = flash_mla.flash_attn_varlen_func(out * 0.5, kv[:, :, :128], kv[:, :, 128:], cu_q, cu_k, 130, 200,
+                                                   deterministic=True)
+        return (out2.float() * dout.float()).sum()
+
+    def grads(fn):
+        a, b = (t.detach().clone().requires_grad_() for t in (q, kv))
+        value = fn(a, b)
+        value.backward()
+        torch.cuda.synchronize()
+        return value, a.grad, b.grad
+
+    eager = grads(loss)
+    explained = torch._dynamo.explain(loss)(q.clone().requires_grad_(), kv.clone().requires_grad_())
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    compiled = grads(torch.compile(loss, fullgraph=True))
+    # The loss: Inductor fuses the product and the sum (another float32 summation order); the
+    # gradients: the ops' own results, bit for bit in the deterministic mode.
+    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=0)
+    for a, b in zip(eager[1:], compiled[1:]):
+        assert torch.equal(a, b)
+
+
+def test_opcheck_of_the_backward_and_of_the_autograd_formula_on_the_gpu():
+    q, k, v, cu_q, cu_k, dout = varlen_problem(22, [5, 0, 9], [7, 2, 9], 4, 2, 128, 128, device=CUDA)
+    out, lse = OPS.mha_prefill(q, k, v, cu_q, cu_k, 9, 9, None, True)
+    opcheck(OPS.mha_prefill_backward.default, (dout, q, k, v, out, lse, cu_q, cu_k, 9, 9, None, True, True))
+    opcheck(OPS.mha_prefill_backward.default, (dout, q, k, v, out, lse, cu_q, cu_k, 9, 9, 0.1, False, True,
+                                               "portable"))
+    grads = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
+    opcheck(OPS.mha_prefill.default, grads + (cu_q, cu_k, 9, 9, None, True, "auto", True), test_utils=WITH_GRAD)

@@ -2,7 +2,11 @@
 here: varlen batches with empty sequences, causal bottom-right alignment, GQA, every head-dim
 pair, bfloat16 bit patterns and float16, strided views, the given scale, errors; FlashMLA's
 flash_attn_varlen_* (mlakit.flash_mla): the lse layout, the packed forms' splitting into views,
-their argument errors, and on CPU tensors the op and torch.compile without graph breaks."""
+their argument errors, and on CPU tensors the op and torch.compile without graph breaks.
+The backward (mlakit.mha_prefill_backward) on host arrays against PyTorch autograd of a float64
+formula (torch_ops_cases.attention): every head-dim pair, causal with Lq != Lk, GQA ratios,
+length-0 sequences, the given scale, rows in no sequence neither read nor written, empty
+problems, kernel / deterministic ignored on the host, argument errors naming the argument."""
 
 import math
 
@@ -252,3 +256,159 @@ def test_flash_attn_varlen_on_cpu_tensors_eager_without_the_op_compiled_through_
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(q, kv, qkv)
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
+
+
+# ---- the backward (mlakit.mha_prefill_backward) on host arrays --------------------------------
+
+
+def exact_forward(torch, q, k, v, cu_q, cu_k, scale, causal):
+    """(out, lse) for the backward: out from the float64 formula as float32 (unrounded: the
+    backward then sees the float64 reference's inputs, docs/contract.md Accuracy), lse from
+    mlakit's forward (float32). NumPy arrays in and out."""
+    from torch_ops_cases import attention
+
+    t = [torch.from_numpy(as_float(x)) for x in (q, k, v)]
+    out = attention(*t, torch.from_numpy(cu_q), torch.from_numpy(cu_k), scale, causal).float().numpy()
+    _, lse = mlakit.mha_prefill(q, k, v, cu_q, cu_k, int(np.diff(cu_q).max(initial=0)),
+                                int(np.diff(cu_k).max(initial=0)), softmax_scale=scale, causal=causal)
+    return out, lse
+
+
+def expected_grads(torch, dout, q, k, v, cu_q, cu_k, scale, causal):
+    from torch_ops_cases import attention_grads
+
+    t = [torch.from_numpy(as_float(x)) for x in (dout, q, k, v)]
+    return attention_grads(*t, torch.from_numpy(cu_q), torch.from_numpy(cu_k), scale, causal)
+
+
+def with_nan_rows(x, rows):
+    """`x` with `rows` NaN rows appended (rows in no sequence: the backward must not read them)."""
+    pad = np.full((rows,) + x.shape[1:], np.nan)
+    return np.concatenate([x, to_bf16(pad) if x.dtype == np.uint16 else pad.astype(x.dtype)])
+
+
+@pytest.mark.parametrize("d_qk,d_v", PAIRS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_matches_autograd_of_a_float64_formula(d_qk, d_v, causal):
+    torch = pytest.importorskip("torch")
+    from torch_ops_cases import check_grad
+
+    rng = np.random.default_rng(200 + d_qk + d_v + causal)
+    lq, lk = [5, 0, 17, 3, 1, 6], [9, 4, 17, 0, 1, 2]  # Lq < Lk, 0 on either side, Lq == Lk, Lq > Lk
+    q, k, v, cu_q, cu_k = case(rng, lq, lk, 4, 2, d_qk, d_v, bf16=d_qk != 64)
+    dout = (to_bf16 if d_qk != 64 else np.float16)(rng.standard_normal((q.shape[0], 4, d_v)))
+    out, lse = exact_forward(torch, q, k, v, cu_q, cu_k, None, causal)
+    want = expected_grads(torch, dout, q, k, v, cu_q, cu_k, None, causal)
+    # Three rows of q (and dout, out, lse) and two of k and v in no sequence, NaN: not read.
+    q, dout, k, v = with_nan_rows(q, 3), with_nan_rows(dout, 3), with_nan_rows(k, 2), with_nan_rows(v, 2)
+    out = np.concatenate([out, np.full((3, 4, d_v), np.nan, np.float32)])
+    lse = np.concatenate([lse, np.full((4, 3), np.nan, np.float32)], axis=1)
+    dq, dk, dv = mlakit.mha_prefill_backward(dout, q, k, v, out, lse, cu_q, cu_k, 17, 17, causal=causal)
+    for name, got, x in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        assert got.dtype == x.dtype and got.shape == x.shape, name
+    end_q, end_k = int(cu_q[-1]), int(cu_k[-1])
+    assert np.all(as_float(dq[end_q:]) == 0) and np.all(as_float(dk[end_k:]) == 0) and np.all(as_float(dv[end_k:]) == 0)
+    for name, got, expected in (("dq", dq[:end_q], want[0]), ("dk", dk[:end_k], want[1]), ("dv", dv[:end_k], want[2])):
+        check_grad(torch.from_numpy(as_float(got)), expected, name)
+    # The sequence without keys (index 3) gets dq 0, the one without queries (index 1) dk = dv = 0.
+    assert np.all(as_float(dq[cu_q[3]:cu_q[4]]) == 0)
+    assert np.all(as_float(dk[cu_k[1]:cu_k[2]]) == 0) and np.all(as_float(dv[cu_k[1]:cu_k[2]]) == 0)
+
+
+@pytest.mark.parametrize("h_kv", [1, 2, 8])
+def test_backward_gqa_ratios_and_a_given_scale_on_cpu_tensors(h_kv):
+    """dk and dv of a kv head sum over its query heads; CPU tensors (bfloat16) work as NumPy
+    arrays do; q a strided view."""
+    torch = pytest.importorskip("torch")
+    from torch_ops_cases import check_grad, varlen_problem
+
+    lq, lk = [6, 11, 4], [11, 6, 0]
+    q, k, v, cu_q, cu_k, dout = varlen_problem(210 + h_kv, lq, lk, 8, h_kv, 128, 128)
+    wide = torch.full((q.shape[0], 8, 256), float("nan"), dtype=q.dtype)  # NaN beside the view
+    wide[:, :, :128] = q
+    out, lse = exact_forward(torch, *(x.view(torch.uint16).numpy() for x in (q, k, v)), cu_q.numpy(),
+                             cu_k.numpy(), 0.05, True)
+    dq, dk, dv = mlakit.mha_prefill_backward(dout, wide[:, :, :128], k, v, torch.from_numpy(out),
+                                             torch.from_numpy(lse), cu_q, cu_k, 11, 11, softmax_scale=0.05,
+                                             causal=True)
+    assert isinstance(dq, torch.Tensor) and dq.dtype == torch.bfloat16 and dk.shape == k.shape
+    from torch_ops_cases import attention_grads
+
+    want = attention_grads(dout, q, k, v, cu_q, cu_k, 0.05, True)
+    for name, got, expected in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
+        check_grad(got, expected, name)
+
+
+def test_backward_of_empty_problems():
+    rng = np.random.default_rng(220)
+    q, k, v, cu_q, cu_k = case(rng, [0, 0], [3, 2], 2, 1, 64, 64, bf16=False)
+    dout = np.zeros((0, 2, 64), np.float16)
+    out, lse = mlakit.mha_prefill(q, k, v, cu_q, cu_k, 0, 3)
+    # No query at all: dk and dv of the keys inside sequences are 0 (written), dq is empty.
+    dq, dk, dv = mlakit.mha_prefill_backward(dout, q, k, v, out, lse, cu_q, cu_k, 0, 3, causal=True)
+    assert dq.shape == (0, 2, 64) and dk.shape == (5, 1, 64) and np.all(dk == 0) and np.all(dv == 0)
+    # b = 0: every row in no sequence, nothing written (zeros from the host allocation).
+    q, k, v, _, _ = case(rng, [4], [3], 2, 1, 64, 64, bf16=False)
+    none = np.zeros(1, np.int32)
+    out, lse = mlakit.mha_prefill(q, k, v, none, none, 0, 0)
+    dq, dk, dv = mlakit.mha_prefill_backward(np.ones_like(out), q, k, v, out, lse, none, none, 0, 0)
+    assert dq.shape == q.shape and np.all(dq == 0) and np.all(dk == 0) and np.all(dv == 0)
+
+
+def test_backward_on_the_host_ignores_kernel_and_deterministic():
+    rng = np.random.default_rng(230)
+    q, k, v, cu_q, cu_k = case(rng, [3, 5], [4, 5], 4, 2, 64, 64, bf16=True)
+    out, lse = mlakit.mha_prefill(q, k, v, cu_q, cu_k, 5, 5, causal=True)
+    dout = to_bf16(rng.standard_normal(out.shape))
+    want = mlakit.mha_prefill_backward(dout, q, k, v, out, lse, cu_q, cu_k, 5, 5, causal=True)
+    assert all(x.dtype == np.uint16 for x in want)
+    for kernel in ("auto", "portable", "sm90"):
+        for deterministic in (False, True):
+            got = mlakit.mha_prefill_backward(dout, q, k, v, out, lse, cu_q, cu_k, 5, 5, causal=True,
+                                              deterministic=deterministic, kernel=kernel)
+            assert all(np.array_equal(a, b) for a, b in zip(got, want)), (kernel, deterministic)
+
+
+def test_backward_errors_name_the_argument():
+    rng = np.random.default_rng(240)
+    q, k, v, cu_q, cu_k = case(rng, [3, 2], [4, 2], 4, 2, 128, 128, bf16=False)
+    out, lse = mlakit.mha_prefill(q, k, v, cu_q, cu_k, 3, 4)
+    dout = np.ones_like(out)
+    bwd = mlakit.mha_prefill_backward
+    name = "mha_prefill_backward"
+    args = (dout, q, k, v, out, lse, cu_q, cu_k, 3, 4)
+    with pytest.raises(TypeError, match=rf"^{name}: lse: expected an array .*\[h_q, total_q\], got None"):
+        bwd(dout, q, k, v, out, None, cu_q, cu_k, 3, 4)
+    with pytest.raises(ValueError, match=rf"^{name}: lse: expected a 2-d array"):
+        bwd(dout, q, k, v, out, lse[0], cu_q, cu_k, 3, 4)
+    # The library's checks (its messages name the reference or GPU entry: reference::mha_prefill_backward).
+    with pytest.raises(ValueError, match=rf"{name}: lse.shape\[0\] \(h_q\): expected 4, got 5"):  # FlashMLA's layout
+        bwd(dout, q, k, v, out, np.ascontiguousarray(lse.T), cu_q, cu_k, 3, 4)
+    with pytest.raises(ValueError, match=rf"{name}: lse"):
+        bwd(dout, q, k, v, out, lse.astype(np.float16), cu_q, cu_k, 3, 4)
+    with pytest.raises(ValueError, match=rf"^{name}: dout: expected a 3-d array"):
+        bwd(dout[0], q, k, v, out, lse, cu_q, cu_k, 3, 4)
+    with pytest.raises(ValueError, match=rf"{name}: dout"):
+        bwd(dout[:, :, :64], q, k, v, out, lse, cu_q, cu_k, 3, 4)
+    with pytest.raises(ValueError, match=rf"{name}: out"):
+        bwd(dout, q, k, v, out[:4], lse, cu_q, cu_k, 3, 4)
+    with pytest.raises(TypeError, match=rf"^{name}: out: expected an array"):
+        bwd(dout, q, k, v, [0.0], lse, cu_q, cu_k, 3, 4)
+    with pytest.raises(TypeError, match=rf"^{name}: dout: unsupported dtype"):  # the extension's conversion
+        bwd(dout.astype(np.float64), q, k, v, out, lse, cu_q, cu_k, 3, 4)
+    with pytest.raises(ValueError, match=rf"^{name}: kernel: expected 'auto' or 'portable' or 'sm90', got 'bad'"):
+        bwd(*args, kernel="bad")
+    with pytest.raises(TypeError, match=rf"^{name}: deterministic: expected a bool, got NoneType"):
+        bwd(*args, deterministic=None)
+    with pytest.raises(TypeError, match=rf"^{name}: deterministic: expected a bool, got int"):
+        bwd(*args, deterministic=1)
+    with pytest.raises(TypeError, match=rf"^{name}: causal: expected a bool"):
+        bwd(*args, causal="yes")
+    with pytest.raises(ValueError, match=rf"{name}: softmax_scale: expected a finite value"):
+        bwd(*args, softmax_scale=float("inf"))
+    with pytest.raises(ValueError, match="max_seqlen_k"):  # the library's check of the lengths
+        bwd(dout, q, k, v, out, lse, cu_q, cu_k, 3, 3)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[2\]"):
+        bwd(dout, q, k, v, out, lse, np.array([0, 4, 3], np.int32), cu_k, 4, 4)
+    with pytest.raises(ValueError, match="h_kv"):
+        bwd(dout, q, k[:, :1].repeat(3, axis=1), v[:, :1].repeat(3, axis=1), out, lse, cu_q, cu_k, 3, 4)

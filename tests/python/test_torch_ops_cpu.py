@@ -1,8 +1,12 @@
 """torch.ops.mlakit.* on CPU tensors (the float64 CPU reference behind every op): each op
 against the package function it wraps, torch.library.opcheck (schema, fake tensors,
-functionalization), fake shapes against real ones, a two-layer model compiled with
-fullgraph=True without graph breaks, and the plan-fields round trip with its errors. Skipped
-without PyTorch."""
+functionalization, and for mha_prefill its autograd formula), fake shapes against real ones, a
+two-layer model compiled with fullgraph=True without graph breaks, and the plan-fields round
+trip with its errors. The dense prefill's gradients: flash_attn_varlen_func and its packed
+forms (and mlakit.mha_prefill) on tensors that require grad against PyTorch autograd of a
+float64 formula, the eager fast path kept for the others, `deterministic` and the kernel
+choice passed to the backward, the gradient of lse refused, and a compiled forward + backward
+without graph breaks. Skipped without PyTorch."""
 
 import pytest
 
@@ -11,8 +15,11 @@ torch = pytest.importorskip("torch")
 import mlakit  # noqa: E402
 import mlakit.torch_ops as ops  # noqa: E402
 from torch.library import opcheck  # noqa: E402
+from mlakit import _mha_prefill, flash_mla  # noqa: E402
 from torch_ops_cases import (  # noqa: E402
     PAGE,
+    attention_grads,
+    check_grad,
     fake_args,
     gen,
     gqa_args,
@@ -20,11 +27,15 @@ from torch_ops_cases import (  # noqa: E402
     merge_states_args,
     mla_problem,
     v4_sparse_args,
+    varlen_problem,
 )
 
 OPS = torch.ops.mlakit
 # For float8 tensors: opcheck's schema test multiplies them, which float8 cannot on the CPU.
 NO_SCHEMA_TEST = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+# For mha_prefill on inputs that require grad: all but the AOTAutograd test, whose random
+# gradient of lse the backward refuses (NotImplementedError).
+WITH_GRAD = ("test_schema", "test_autograd_registration", "test_faketensor")
 
 
 def assert_same(a, b):
@@ -192,6 +203,10 @@ def test_fake_implementations_give_the_real_shapes_and_dtypes():
     k = gqa_problem(8)[1]
     cases += [(OPS.quantize_gqa_cache, (k, "int8", None)), (OPS.quantize_fp8_cache, (mla_problem(9)[1],))]
     cases += [(OPS.merge_states, merge_states_args(9, n, rows, d)) for n, rows, d in ((1, (3,), 8), (4, (2, 1, 5), 24))]
+    q, k, v, cu_q, cu_k, dout = varlen_problem(9, [3, 0, 5], [4, 2, 5], 4, 2, 192, 128, pad_q=1, pad_k=2)
+    out, lse = OPS.mha_prefill(q, k, v, cu_q, cu_k, 5, 5, None, True)
+    cases += [(OPS.mha_prefill, (q, k, v, cu_q, cu_k, 5, 5, None, True)),
+              (OPS.mha_prefill_backward, (dout, q, k, v, out, lse, cu_q, cu_k, 5, 5, None, True))]
     for op, args in cases:
         real = op(*args)
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
@@ -250,6 +265,176 @@ def test_mha_prefill_op_is_the_package_function_and_passes_opcheck():
     assert_same(out, want_out)
     assert_same(lse, want_lse)
     opcheck(OPS.mha_prefill.default, args)
+    # With q, k, v requiring grad: the autograd formula's registration. (opcheck's AOTAutograd
+    # test backpropagates random gradients into every output, lse's too, which the backward
+    # refuses: the compiled backward is tested below.)
+    grads = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
+    opcheck(OPS.mha_prefill.default, grads + args[3:] + ("auto", True), test_utils=WITH_GRAD)
+
+
+def test_mha_prefill_backward_op_is_the_package_function_and_passes_opcheck():
+    q, k, v, cu_q, cu_k, dout = varlen_problem(19, [4, 0, 5], [2, 5, 5], 4, 2, 128, 128, pad_q=2)
+    out, lse = OPS.mha_prefill(q, k, v, cu_q, cu_k, 5, 5, 0.1, True)
+    args = (dout, q, k, v, out, lse, cu_q, cu_k, 5, 5, 0.1, True)
+    got = OPS.mha_prefill_backward(*args)
+    for a, b in zip(got, mlakit.mha_prefill_backward(*args)):
+        assert_same(a, b)
+    opcheck(OPS.mha_prefill_backward.default, args)
+    opcheck(OPS.mha_prefill_backward.default, args + (True, "portable"))
+
+
+# ---- the dense prefill's gradients -----------------------------------------------------------
+
+# Lq < Lk, an empty query side, an empty key side, Lq == Lk, Lq > Lk (under causal its first
+# queries see no key), a short one.
+LQ, LK = [5, 0, 2, 9, 7, 1], [9, 3, 0, 9, 4, 1]
+PAIRS = [(64, 64), (128, 128), (192, 128), (256, 256)]
+
+
+def leaves(*xs):
+    return [x.detach().clone().requires_grad_() for x in xs]
+
+
+def backward_of(outputs, dout):
+    """Backpropagates sum(out * dout) (out the first output) in float32 (dout's bf16 values
+    arrive exactly as the gradient of out)."""
+    (outputs[0].float() * dout.float()).sum().backward()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d_qk,d_v", PAIRS)
+def test_flash_attn_varlen_func_gradients_match_autograd_of_a_float64_formula(d_qk, d_v, causal):
+    """Through the op's autograd formula, on bf16 tensors (the backward takes D = rowsum(dout *
+    out) from the bf16 out, as FlashAttention's: torch_ops_cases.DOUT_STD says why the rule
+    holds at these scales)."""
+    q, k, v, cu_q, cu_k, dout = varlen_problem(300 + d_qk + causal, LQ, LK, 6, 2, d_qk, d_v, pad_q=2, pad_k=1)
+    tq, tk, tv = leaves(q, k, v)
+    out, lse = flash_mla.flash_attn_varlen_func(tq, tk, tv, cu_q, cu_k, max(LQ), max(LK), causal=causal)
+    assert out.requires_grad and lse.requires_grad
+    backward_of((out, lse), dout)
+    want = attention_grads(dout, q, k, v, cu_q, cu_k, None, causal)
+    for name, leaf, expected in zip(("dq", "dk", "dv"), (tq, tk, tv), want):
+        assert leaf.grad.dtype == leaf.dtype and leaf.grad.shape == leaf.shape
+        check_grad(leaf.grad, expected, name)  # rows in no sequence included: 0 on the host
+
+
+@pytest.mark.parametrize("h_kv,scale", [(1, 0.05), (3, None), (6, 0.2)])
+def test_gradients_of_gqa_ratios_float16_and_a_given_scale(h_kv, scale):
+    q, k, v, cu_q, cu_k, dout = varlen_problem(310 + h_kv, LQ, LK, 6, h_kv, 128, 128, dtype=torch.float16)
+    tq, tk, tv = leaves(q, k, v)
+    backward_of(flash_mla.flash_attn_varlen_func(tq, tk, tv, cu_q, cu_k, 9, 9, softmax_scale=scale, causal=True),
+                dout)
+    want = attention_grads(dout, q, k, v, cu_q, cu_k, scale, True)
+    for name, leaf, expected in zip(("dq", "dk", "dv"), (tq, tk, tv), want):
+        check_grad(leaf.grad, expected, name)
+
+
+def test_packed_forms_give_gradients_to_qkv_and_kv():
+    """The packed tensors' gradients are those of their views, put together by autograd."""
+    lengths = [5, 0, 9, 3]
+    q, k, v, cu, _, dout = varlen_problem(320, lengths, lengths, 4, 4, 128, 128)
+    tq, tk, tv = leaves(q, k, v)
+    backward_of(flash_mla.flash_attn_varlen_func(tq, tk, tv, cu, cu, 9, 9, causal=True), dout)
+    (qkv,) = leaves(torch.cat([q, k, v], dim=-1))
+    backward_of(flash_mla.flash_attn_varlen_qkvpacked_func(qkv, cu, 9, 128, causal=True), dout)
+    assert torch.equal(qkv.grad, torch.cat([tq.grad, tk.grad, tv.grad], dim=-1))
+    q2, (kv,) = leaves(q)[0], leaves(torch.cat([k, v], dim=-1))
+    backward_of(flash_mla.flash_attn_varlen_kvpacked_func(q2, kv, cu, cu, 9, 9, 128, causal=True), dout)
+    assert torch.equal(q2.grad, tq.grad) and torch.equal(kv.grad, torch.cat([tk.grad, tv.grad], dim=-1))
+
+
+def test_mha_prefill_on_tensors_that_require_grad_is_differentiable_too():
+    q, k, v, cu_q, cu_k, dout = varlen_problem(330, LQ, LK, 4, 2, 64, 64)
+    a, b = leaves(q, k, v), leaves(q, k, v)
+    backward_of(mlakit.mha_prefill(*a, cu_q, cu_k, 9, 9, causal=True), dout)
+    backward_of(flash_mla.flash_attn_varlen_func(*b, cu_q, cu_k, 9, 9, causal=True), dout)
+    for x, y in zip(a, b):
+        assert torch.equal(x.grad, y.grad)
+
+
+def test_only_calls_that_autograd_records_go_through_the_op():
+    """Eager calls on tensors that need no gradient keep the direct path (no op dispatch):
+    tensors without requires_grad, and any tensors under torch.no_grad()."""
+    q, k, v, cu_q, cu_k, _ = varlen_problem(340, LQ, LK, 4, 2, 64, 64)
+    tq, tk, tv = leaves(q, k, v)
+
+    def op_calls(*args):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out, _ = flash_mla.flash_attn_varlen_func(*args, cu_q, cu_k, 9, 9, causal=True)
+        return sum(e.name == "mlakit::mha_prefill" for e in prof.events()), out
+
+    calls, out = op_calls(q, k, v)
+    assert calls == 0 and not out.requires_grad
+    with torch.no_grad():
+        calls, out = op_calls(tq, tk, tv)
+    assert calls == 0 and not out.requires_grad
+    calls, out = op_calls(q, k, tv)  # one input requiring grad is enough
+    assert calls == 1 and out.requires_grad
+
+
+def test_deterministic_and_the_kernel_choice_reach_the_backward(monkeypatch):
+    seen = []
+    backward = _mha_prefill.mha_prefill_backward
+
+    def record(*args):
+        seen.append(args[-2:])  # (deterministic, kernel)
+        return backward(*args)
+
+    monkeypatch.setattr(_mha_prefill, "mha_prefill_backward", record)
+    q, k, v, cu_q, cu_k, dout = varlen_problem(350, LQ, LK, 4, 2, 64, 64)
+    for deterministic in (False, True):
+        backward_of(flash_mla.flash_attn_varlen_func(*leaves(q, k, v), cu_q, cu_k, 9, 9, causal=True,
+                                                     deterministic=deterministic), dout)
+    # The forward's kernel choice: 'portable' carries over, 'sm90' (no backward kernel yet) asks for 'auto'.
+    for kernel in ("portable", "sm90", "auto"):
+        backward_of(OPS.mha_prefill(*leaves(q, k, v), cu_q, cu_k, 9, 9, None, True, kernel), dout)
+    assert seen == [(False, "auto"), (True, "auto"), (False, "portable"), (False, "auto"), (False, "auto")]
+
+
+def test_a_gradient_of_lse_is_refused_naming_lse():
+    q, k, v, cu_q, cu_k, dout = varlen_problem(360, LQ, LK, 4, 2, 64, 64)
+    tq, tk, tv = leaves(q, k, v)
+    out, lse = flash_mla.flash_attn_varlen_func(tq, tk, tv, cu_q, cu_k, 9, 9)
+    finite = lse.detach().isfinite()
+    with pytest.raises(NotImplementedError, match=r"^mha_prefill: lse: .*no gradient of lse"):
+        (out.float().sum() + lse[finite].sum()).backward()
+    # A zero gradient (lse in the loss with weight 0) is no gradient: out's alone, as without lse.
+    out, lse = flash_mla.flash_attn_varlen_func(tq, tk, tv, cu_q, cu_k, 9, 9)
+    backward_of((out,), dout)
+    want = tq.grad.clone()
+    tq.grad = None
+    out, lse = flash_mla.flash_attn_varlen_func(tq, tk, tv, cu_q, cu_k, 9, 9)
+    ((out.float() * dout.float()).sum() + 0 * lse[finite].sum()).backward()
+    assert torch.equal(tq.grad, want)
+    # lse alone in the loss: no gradient of out, so q, k, v get none (zero), lse's refused.
+    out, lse = flash_mla.flash_attn_varlen_func(tq, tk, tv, cu_q, cu_k, 9, 9)
+    with pytest.raises(NotImplementedError, match="lse"):
+        lse[finite].sum().backward()
+
+
+def test_a_compiled_forward_and_backward_has_no_graph_break_and_matches_eager():
+    q, k, v, cu_q, cu_k, dout = varlen_problem(370, LQ, LK, 4, 2, 128, 128)
+    kv = torch.cat([k, v], dim=-1)
+
+    def loss(q, kv):
+        out, lse = flash_mla.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 9, 9, 128, causal=True,
+                                                             deterministic=True)
+        out2, _ = flash_mla.flash_attn_varlen_func(out, kv[:, :, :128], kv[:, :, 128:], cu_q, cu_k, 9, 9)
+        return (out2.float() * dout.float()).sum()
+
+    def grads(fn):
+        a, b = leaves(q, kv)
+        value = fn(a, b)
+        value.backward()
+        return value, a.grad, b.grad
+
+    eager = grads(loss)
+    explained = torch._dynamo.explain(loss)(*leaves(q, kv))
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    compiled = grads(torch.compile(loss, fullgraph=True, backend="aot_eager"))
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("lse_base,out_lse_base", [("e", "e"), ("2", "e"), ("e", "2")])

@@ -1,6 +1,8 @@
 """Small problems for the torch.ops.mlakit tests (CPU and GPU): seeded, built on the CPU,
 moved to `device`. Import after pytest.importorskip("torch")."""
 
+import math
+
 import torch
 
 PAGE = 16
@@ -90,3 +92,85 @@ def fake_args(mode, args):
             return [mode.from_tensor(x) for x in a]
         return a
     return [fake(a) for a in args]
+
+
+# ---- dense MHA prefill and its backward ----------------------------------------------------
+
+
+# The scales of the backward's tests (support/mha_backward_case.h: dout_std 0.03, v ~ N(0, 0.01)
+# times 4). The accuracy rule's abs 1e-3 is absolute, so they decide what it tests: dv = sum_t P
+# dout_t grows with dout alone, and kernels that round P to 16 bits for it (FlashAttention's
+# backward, mlakit's portable one) move a cancelling sum over many rows by ~2^-9 * |dout| *
+# sqrt(rows); dq and dk grow with |dout| * |v| and stay at ~1e-3 and above. (D = rowsum(dout *
+# out) from a bf16 out moves dq and dk by ~0.5% of their largest element too.)
+DOUT_STD = 0.03
+V_STD = 0.4
+
+
+def prefix_sums(lengths, device="cpu"):
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+def varlen_problem(seed, lq, lk, h_q=4, h_kv=2, d_qk=64, d_v=64, dtype=torch.bfloat16, pad_q=0, pad_k=0,
+                   device="cpu"):
+    """(q, k, v, cu_seqlens_q, cu_seqlens_k, dout) of a varlen prefill with `pad_q` / `pad_k`
+    rows after the last sequence; q, k ~ N(0, 1), v ~ N(0, 1) * V_STD, dout ~ N(0, 1) * DOUT_STD."""
+    g = gen(seed)
+    total_q, total_k = sum(lq) + pad_q, sum(lk) + pad_k
+    q = torch.randn((total_q, h_q, d_qk), generator=g).to(dtype)
+    k = torch.randn((total_k, h_kv, d_qk), generator=g).to(dtype)
+    v = (torch.randn((total_k, h_kv, d_v), generator=g) * V_STD).to(dtype)
+    dout = (torch.randn((total_q, h_q, d_v), generator=g) * DOUT_STD).to(dtype)
+    return (q.to(device), k.to(device), v.to(device), prefix_sums(lq, device), prefix_sums(lk, device),
+            dout.to(device))
+
+
+def attention(q, k, v, cu_q, cu_k, scale=None, causal=False):
+    """The attention forward in float64, written with differentiable PyTorch ops (independent
+    of mlakit): out [total_q, h_q, d_v], rows in no sequence and queries that see no key 0."""
+    q, k, v = q.double(), k.double(), v.double()
+    total_q, h_q, d_qk = q.shape
+    group = h_q // k.shape[1]
+    scale = d_qk**-0.5 if scale is None else scale
+    out = q.new_zeros((total_q, h_q, v.shape[2]))
+    cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+    for q0, q1, k0, k1 in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:]):
+        n_q, n_k = q1 - q0, k1 - k0
+        first = max(0, n_q - n_k) if causal else 0  # queries before it see no key (bottom-right)
+        if n_k == 0 or first >= n_q:
+            continue
+        keys = k[k0:k1].repeat_interleave(group, dim=1)  # [n_k, h_q, d_qk]
+        values = v[k0:k1].repeat_interleave(group, dim=1)
+        z = torch.einsum("thd,jhd->htj", q[q0 + first:q1], keys) * scale  # [h_q, n_q - first, n_k]
+        if causal:
+            t = torch.arange(first, n_q, device=q.device).view(-1, 1)
+            z = z.masked_fill(torch.arange(n_k, device=q.device).view(1, -1) > t + n_k - n_q, -math.inf)
+        out[q0 + first:q1] = torch.einsum("htj,jhd->thd", torch.softmax(z, dim=-1), values)
+    return out
+
+
+def attention_grads(dout, q, k, v, cu_q, cu_k, scale=None, causal=False):
+    """(dq, dk, dv) of sum(attention(...) * dout) by PyTorch autograd in float64, on the CPU."""
+    leaves = [x.detach().cpu().double().requires_grad_() for x in (q, k, v)]
+    out = attention(*leaves, cu_q.cpu(), cu_k.cpu(), scale, causal)
+    return torch.autograd.grad((out * dout.detach().cpu().double()).sum(), leaves)
+
+
+def check_grad(actual, expected, name):
+    """The backward's accuracy rule (docs/contract.md, Accuracy; SPEC section 8): every element
+    within abs 1e-3 or rel 8/128 of the float64 reference, the cosine difference 1 - 2<a,e> /
+    (|a|^2 + |e|^2) <= 7e-6 over the tensor, no NaN or infinity."""
+    a = torch.as_tensor(actual).detach().cpu().double()
+    e = torch.as_tensor(expected).detach().cpu().double()
+    assert a.shape == e.shape, f"{name}: shape {tuple(a.shape)}, expected {tuple(e.shape)}"
+    assert torch.isfinite(a).all(), f"{name}: NaN or infinity in the result"
+    err = (a - e).abs()
+    bad = err > torch.clamp(e.abs() * (8 / 128), min=1e-3)
+    assert not bad.any(), f"{name}: {int(bad.sum())} elements out of tolerance, worst error {float(err.max()):.3g}"
+    norms = float((a * a).sum() + (e * e).sum())
+    if norms > 0:
+        cos_diff = 1 - 2 * float((a * e).sum()) / norms
+        assert cos_diff <= 7e-6, f"{name}: cosine difference {cos_diff:.3g} > 7e-6"

@@ -34,11 +34,13 @@
 //             dQ -> dq_accum
 //             [deterministic: __syncthreads; thread 0 advances the counter]
 //   epilogue: dK * softmax_scale and dV, stored from the accumulators (4-byte pairs).
-// Deterministic mode: the key tiles that add into a query tile are a prefix 0..n of the
-// sequence's key tiles (causal too), so key tile n waits until the tile's counter says n (the
-// adds of tiles 0..n-1 are done), adds, and sets n + 1: the float32 sums run in key-tile order
-// in every run. Tile n waits only on lower tiles of the same (sequence, kv head), which have
-// lower block indices: launched no later, they never wait on it.
+// Deterministic mode: the key tiles that add into a query tile are a prefix 0..L of the
+// sequence's key tiles (causal too). They add from L down to 0: key tile n waits until the
+// tile's counter says L - n (tiles L..n+1 are done), adds, and sets L - n + 1, so the float32
+// sums run in one order in every run. The grid's x runs over the key tiles backwards in this
+// mode: tile n waits only on higher tiles of the same (sequence, kv head), which have lower
+// block indices, are launched no later, and never wait on it. Causal, the walks line up along
+// the diagonal (tile n + 1 starts one query tile later) and the waits are short.
 //
 // Rows past Lq and keys past Lk are zero-filled in shared memory (NaN may live there); their
 // lse is +inf (P = 0) and D = 0, keys past Lk are masked: no NaN reaches a sum.
@@ -207,9 +209,11 @@ class BackwardCta {
     accumulate<C::kDkCols / 8>(frag, q_tile, C::kQkRowBytes, col_split_ * C::kDkCols, dk_);
     if (col_split_ == 0) store_ds(frag);
     int32_t* counter = nullptr;
+    int32_t turn = 0;  // key tiles that add into this query tile before this one
     if (p_.deterministic) {
       counter = p_.counters + (static_cast<int64_t>(seq_) * p_.h_q + h) * p_.query_tiles + row0 / C::kRows;
-      if (tid_ == 0) device::wait_until_equal(counter, key_tile_);
+      turn = last_key_tile(row0) - key_tile_;
+      if (tid_ == 0) device::wait_until_equal(counter, turn);
     }
     __syncthreads();
     add_query_gradients(h, row0);
@@ -217,9 +221,20 @@ class BackwardCta {
       __syncthreads();
       if (tid_ == 0) {
         __threadfence();
-        device::store_release_gpu(counter, key_tile_ + 1);
+        device::store_release_gpu(counter, turn + 1);
       }
     }
+  }
+
+  // The last key tile any query of the tile at row0 sees (the key tiles that add into its dQ
+  // are 0 .. this one). The tile has a query in the sequence, and this CTA's keys are seen.
+  __device__ int last_key_tile(int row0) const {
+    int64_t last_key = lk_rows_ - 1;
+    if (p_.causal) {
+      const int64_t last_row = min(row0 + C::kRows, lq_rows_) - 1;
+      last_key = min(last_key, last_row + (int64_t{lk_} - lq_));
+    }
+    return static_cast<int>(last_key / C::kKeys);
   }
 
   // acc (16 warp keys x kRows queries) = A B^T over kD columns: A = the warp's 16 rows of the
@@ -413,8 +428,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     mha_backward_portable_kernel(const __grid_constant__ MhaBackwardParams p, bool aligned16) {
   extern __shared__ __align__(128) unsigned char smem[];
   BackwardCta<Elem, C> cta(p, smem, aligned16);
+  // Deterministic: the key tiles add into a query tile's dQ from the last to the first, and
+  // launch in that order (the CTAs a CTA waits for come first). Causal, the walks then line
+  // up along the diagonal: tile n reaches query tile m just after tile n + 1 is done with it.
+  const int key_tile = p.deterministic ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
   for (int seq = blockIdx.z; seq < p.b; seq += gridDim.z) {
-    for (int hk = blockIdx.y; hk < p.h_kv; hk += gridDim.y) cta.run(seq, hk, blockIdx.x);
+    for (int hk = blockIdx.y; hk < p.h_kv; hk += gridDim.y) cta.run(seq, hk, key_tile);
   }
 }
 
