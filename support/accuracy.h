@@ -2,6 +2,10 @@
 // the first offending element.
 #pragma once
 
+// The cosine difference is checked where the reference has a direction: some element beyond
+// the absolute tolerance. A reference that is rounding noise around zero throughout (a
+// cancellation) is held to the elementwise rule alone.
+
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -102,6 +102,28 @@ TEST_P(HalfOutputs, CosineRuleCatchesADriftEveryElementPasses) {
   EXPECT_NE(r.message.find("cosine"), std::string::npos) << r.message;
 }
 
+// A reference of rounding noise (every element within the absolute tolerance of zero) has no
+// direction: an unrelated noise passes on the elementwise rule, but one element beyond the
+// absolute tolerance gives the tensor a direction and the cosine rule applies again.
+TEST_P(HalfOutputs, CosineRuleNeedsAReferenceBeyondTheAbsoluteTolerance) {
+  const DType dt = GetParam();
+  std::vector<float> ref(256);
+  std::vector<uint16_t> got(256);
+  for (int i = 0; i < 256; ++i) {
+    ref[i] = (i % 2 ? 1e-5f : -1e-5f) * static_cast<float>(1 + i % 7);
+    got[i] = to_half((i % 3 ? 2e-5f : -3e-5f) * static_cast<float>(1 + i % 5), dt);  // uncorrelated, within 1e-3
+  }
+  const AccuracyReport noise = check_half_gradients(got, ref, dt, "dq");
+  EXPECT_TRUE(noise.ok) << noise.message;
+  EXPECT_GT(noise.cosine_diff, 7e-6);
+  ref[0] = 0.5f;  // now the reference has a direction the result misses
+  got[0] = to_half(0.48f, dt);  // within rel 8/128 itself
+  for (int i = 1; i < 256; ++i) ref[i] *= 5, got[i] = to_half(-ref[i], dt);  // each within abs 1e-3
+  const AccuracyReport r = check_half_gradients(got, ref, dt, "dq");
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.message.find("cosine"), std::string::npos) << r.message;
+}
+
 TEST_P(HalfOutputs, InfAndNanMustSitAtTheReferencePositions) {
   const DType dt = GetParam();
   auto ref = random_floats(256, 4);
