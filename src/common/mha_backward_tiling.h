@@ -27,8 +27,9 @@ struct MhaBackwardConfig {
   static constexpr int kDqk = Dqk;
   static constexpr int kDv = Dv;
   static constexpr int kElemBytes = 2;
-  // d 256: two warps per 16 keys, each holding half of dK's and dV's columns.
-  static constexpr int kKeyGroups = Dqk >= 256 ? 2 : 4;
+  // 8 warps of 16 keys (128 keys: half the dQ reductions per FLOP of 64); at d 256 two warps
+  // per 16 keys, each holding half of dK's and dV's columns.
+  static constexpr int kKeyGroups = Dqk >= 256 ? 4 : 8;
   static constexpr int kDSplit = Dqk >= 256 ? 2 : 1;
   static constexpr int kWarps = kKeyGroups * kDSplit;
   static constexpr int kThreads = kWarps * 32;
@@ -60,7 +61,7 @@ struct MhaBackwardConfig {
   // Per-block opt-in limit of sm80 (sm90: 227 KB, two CTAs of every config; sm86 / sm89: 99 KB,
   // which d 128 exceeds: the host checks the device's limit, mha_backward_smem_bytes).
   static constexpr int kSmemLimitBytes = 163 * 1024;
-  static constexpr int kMinBlocks = 2;  // 255 registers per thread either way; 2 CTAs fit sm90
+  static constexpr int kMinBlocks = 1;  // 255 registers per thread (256 threads)
 
   static_assert(Dqk % 64 == 0 && Dv % 64 == 0, "rows of whole 128-byte lines");
   static_assert(Dv % (16 * kDSplit) == 0 && Dqk % (16 * kDSplit) == 0, "whole n16 steps per column slice");
