@@ -22,8 +22,11 @@ namespace mlakit::detail {
 MLAKIT_HD constexpr int mha_backward_query_rows(int d_qk) { return d_qk <= 128 ? 64 : 32; }
 
 // The portable main kernel's tiling per head-dim pair (mha_backward_kernel.cuh explains it).
-template <int Dqk, int Dv>
+// kBulkDq (sm90): dQ units go through a per-warp staging area in shared memory and are added
+// into dq_accum by bulk reductions (one per row) instead of one reduction per value.
+template <int Dqk, int Dv, bool kBulkDqArg = false>
 struct MhaBackwardConfig {
+  static constexpr bool kBulkDq = kBulkDqArg;
   static constexpr int kDqk = Dqk;
   static constexpr int kDv = Dv;
   static constexpr int kElemBytes = 2;
@@ -57,10 +60,15 @@ struct MhaBackwardConfig {
   static constexpr int kDsOffset = kOOffset + 2 * kOBytes;
   static constexpr int kLseOffset = kDsOffset + kKeys * kDsRowBytes;  // float [2][kRows]
   static constexpr int kDOffset = kLseOffset + 2 * kRows * 4;          // float [2][kRows]
-  static constexpr int kSmemBytes = kDOffset + 2 * kRows * 4;
-  // Per-block opt-in limit of sm80 (sm90: 227 KB, two CTAs of every config; sm86 / sm89: 99 KB,
+  // dQ staging, one 16 x 64 float unit per warp; rows padded to 288 bytes (72 words: the
+  // accumulators' 8-byte stores of rows g = 0..7 start 8 banks apart).
+  static constexpr int kStageRowBytes = kDqUnitCols * 4 + 32;
+  static constexpr int kStageOffset = kDOffset + 2 * kRows * 4;
+  static constexpr int kStageBytes = kBulkDq ? kWarps * 16 * kStageRowBytes : 0;
+  static constexpr int kSmemBytes = kStageOffset + kStageBytes;
+  // Per-block opt-in limit of sm80 without the staging, of sm90 with it (sm86 / sm89: 99 KB,
   // which d 128 exceeds: the host checks the device's limit, mha_backward_smem_bytes).
-  static constexpr int kSmemLimitBytes = 163 * 1024;
+  static constexpr int kSmemLimitBytes = (kBulkDq ? 227 : 163) * 1024;
   static constexpr int kMinBlocks = 1;  // 255 registers per thread (256 threads)
 
   static_assert(Dqk % 64 == 0 && Dv % 64 == 0, "rows of whole 128-byte lines");
@@ -71,12 +79,16 @@ struct MhaBackwardConfig {
 };
 
 // Dynamic shared memory of the main kernel for a supported (d_qk, d_v) pair (0 otherwise).
-inline int mha_backward_smem_bytes(int d_qk, int d_v) {
-  if (d_qk == 64 && d_v == 64) return MhaBackwardConfig<64, 64>::kSmemBytes;
-  if (d_qk == 128 && d_v == 128) return MhaBackwardConfig<128, 128>::kSmemBytes;
-  if (d_qk == 192 && d_v == 128) return MhaBackwardConfig<192, 128>::kSmemBytes;
-  if (d_qk == 256 && d_v == 256) return MhaBackwardConfig<256, 256>::kSmemBytes;
+template <bool kBulkDq>
+int mha_backward_smem_bytes(int d_qk, int d_v) {
+  if (d_qk == 64 && d_v == 64) return MhaBackwardConfig<64, 64, kBulkDq>::kSmemBytes;
+  if (d_qk == 128 && d_v == 128) return MhaBackwardConfig<128, 128, kBulkDq>::kSmemBytes;
+  if (d_qk == 192 && d_v == 128) return MhaBackwardConfig<192, 128, kBulkDq>::kSmemBytes;
+  if (d_qk == 256 && d_v == 256) return MhaBackwardConfig<256, 256, kBulkDq>::kSmemBytes;
   return 0;
+}
+inline int mha_backward_smem_bytes(int d_qk, int d_v, bool bulk_dq) {
+  return bulk_dq ? mha_backward_smem_bytes<true>(d_qk, d_v) : mha_backward_smem_bytes<false>(d_qk, d_v);
 }
 
 struct MhaBackwardWorkspace {

@@ -13,7 +13,7 @@ namespace {
 constexpr const char* kOp = "mha_prefill_backward";
 
 MhaBackwardParams mha_backward_params(const MhaPrefillBackwardArgs& a, const MhaPrefillShape& s, float scale,
-                                      const MhaBackwardWorkspace& layout, void* workspace) {
+                                      const MhaBackwardWorkspace& layout, bool bulk_dq, void* workspace) {
   auto* base = static_cast<unsigned char*>(workspace);  // null only when layout.bytes is 0 (offsets 0)
   return MhaBackwardParams{
       .dout = a.dout.data,
@@ -62,6 +62,7 @@ MhaBackwardParams mha_backward_params(const MhaPrefillBackwardArgs& a, const Mha
       .max_seqlen_k = a.max_seqlen_k,
       .causal = a.causal,
       .deterministic = a.deterministic,
+      .bulk_dq = bulk_dq,
       .softmax_scale = scale,
       .scale_log2 = scale * static_cast<float>(kLog2e),
   };
@@ -77,8 +78,9 @@ Status run(const MhaBackwardParams& params, cudaStream_t stream) {
 }  // namespace
 
 Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefillShape& shape, float softmax_scale,
-                             const MhaBackwardWorkspace& layout, void* workspace, cudaStream_t stream) {
-  const MhaBackwardParams params = mha_backward_params(args, shape, softmax_scale, layout, workspace);
+                             const MhaBackwardWorkspace& layout, bool bulk_dq, void* workspace,
+                             cudaStream_t stream) {
+  const MhaBackwardParams params = mha_backward_params(args, shape, softmax_scale, layout, bulk_dq, workspace);
   if (args.q.dtype == DType::kBF16) return run<__nv_bfloat16>(params, stream);
   return run<__half>(params, stream);
 }

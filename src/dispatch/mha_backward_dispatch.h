@@ -11,8 +11,9 @@ namespace mlakit::detail {
 
 // Arguments validated (validate_mha_prefill_backward_args and the GPU entry's layout rules),
 // b >= 1; `softmax_scale` resolved; `workspace` holds `layout.bytes` bytes (may be null when
-// that is 0).
+// that is 0); `bulk_dq`: the device is sm90 (dQ by bulk reductions, MhaBackwardConfig).
 Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefillShape& shape, float softmax_scale,
-                             const MhaBackwardWorkspace& layout, void* workspace, cudaStream_t stream);
+                             const MhaBackwardWorkspace& layout, bool bulk_dq, void* workspace,
+                             cudaStream_t stream);
 
 }  // namespace mlakit::detail

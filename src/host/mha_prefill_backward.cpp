@@ -58,7 +58,9 @@ Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, void* workspace,
   for (const auto& [name, t] : rows) MLAKIT_RETURN_IF_ERROR(detail::check_mha_row_alignment(kOp, name, *t, kPairBytes));
   detail::DeviceInfo dev;
   MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
-  const int smem = detail::mha_backward_smem_bytes(shape.d_qk, shape.d_v);
+  // sm90 adds dQ by bulk reductions (a staging area in shared memory); older GPUs by atomics.
+  const bool bulk_dq = dev.cc_major >= 9;
+  const int smem = detail::mha_backward_smem_bytes(shape.d_qk, shape.d_v, bulk_dq);
   if (dev.max_smem_per_block_optin < smem) {
     return Status(StatusCode::kUnsupportedArchitecture,
                   std::string(kOp) + ": q.shape[2], v.shape[2] (d_qk, d_v) = (" + std::to_string(shape.d_qk) + ", " +
@@ -84,7 +86,7 @@ Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, void* workspace,
   if (shape.b == 0) return Status::ok();
 #if MLAKIT_WITH_CUDA
   return detail::dispatch_mha_backward(args, shape, detail::resolve_softmax_scale(args.softmax_scale, shape.d_qk),
-                                       layout, workspace, stream);
+                                       layout, bulk_dq, workspace, stream);
 #else
   (void)stream;
   return detail::built_without_cuda(kOp);

@@ -44,6 +44,7 @@ struct MhaBackwardParams {
   int max_seqlen_q = 0, max_seqlen_k = 0;
   bool causal = false;  // bottom-right aligned: query t sees keys j <= t + Lk - Lq
   bool deterministic = false;
+  bool bulk_dq = false;  // sm90: dQ added by bulk reductions from shared memory (MhaBackwardConfig)
   float softmax_scale = 0.f;
   float scale_log2 = 0.f;  // softmax_scale * log2(e)
 };

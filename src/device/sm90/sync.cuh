@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "device/async_proxy.cuh"
+
 namespace mlakit::device::sm90 {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
@@ -111,9 +113,7 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const void* map) {
 
 // fence.proxy.async.shared::cta: generic-proxy shared-memory writes (st.shared) become
 // visible to later async-proxy reads (wgmma operands, TMA stores). PTX ISA 9.7.13.4.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
+__device__ __forceinline__ void fence_proxy_async_smem() { fence_proxy_async_shared(); }
 
 // bar.sync id, n (PTX ISA 9.7.13.1): named barrier over `threads` threads (multiple of 32).
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {

@@ -60,6 +60,7 @@
 #include <cstdint>
 
 #include "common/mha_backward_tiling.h"
+#include "device/async_proxy.cuh"
 #include "device/cp_async.cuh"
 #include "device/gpu_flag.cuh"
 #include "device/ldmatrix.cuh"
@@ -129,6 +130,7 @@ class BackwardCta {
       compute_item(it, buf);
     }
     store_key_gradients(k_begin, hk);
+    if constexpr (C::kBulkDq) device::bulk_wait_all();  // the staging is free and dq_accum done
     __syncthreads();
   }
 
@@ -218,6 +220,7 @@ class BackwardCta {
     __syncthreads();
     add_query_gradients(h, row0);
     if (p_.deterministic) {
+      if constexpr (C::kBulkDq) device::bulk_wait_all();  // the adds made, not only issued
       __syncthreads();
       if (tid_ == 0) {
         __threadfence();
@@ -345,7 +348,6 @@ class BackwardCta {
   // order. B = K (keys x d), ldmatrix.trans as accumulate's.
   __device__ void add_query_gradients(int h, int row0) {
     constexpr int kRowGroups = C::kRows / 16;
-    const int g = lane_ / 4, c = lane_ % 4;
     const uint32_t ds_lane = smem_base_ + C::kDsOffset + (lane_ % 8 + 8 * (lane_ / 16)) * C::kDsRowBytes +
                              (lane_ / 8 % 2) * 16;
     const uint32_t k_lane = ldmatrix_lane_address(smem_base_ + C::kKOffset, lane_ % 8 + 8 * (lane_ / 8 % 2),
@@ -371,17 +373,58 @@ class BackwardCta {
           device::mma_m16n8k16(a, {b[2], b[3]}, acc[n / 8 + 1], Elem{});
         }
       }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int t = row0 + 16 * group + g + 8 * r;
-        if (t >= lq_rows_) continue;
-        float* dst = p_.dq_accum + ((q_begin_ + static_cast<int64_t>(t)) * p_.h_q + h) * C::kDqk + col0 + 2 * c;
-#pragma unroll
-        for (int j = 0; j < C::kDqUnitCols / 8; ++j) {
-          atomicAdd(dst + 8 * j, acc[j].d[2 * r]);
-          atomicAdd(dst + 8 * j + 1, acc[j].d[2 * r + 1]);
-        }
+      if constexpr (C::kBulkDq) {
+        add_unit_bulk(acc, h, row0 + 16 * group, col0);
+      } else {
+        add_unit_atomic(acc, h, row0 + 16 * group, col0);
       }
+    }
+  }
+
+  __device__ float* dq_row(int h, int t, int col0) const {
+    return p_.dq_accum + ((q_begin_ + static_cast<int64_t>(t)) * p_.h_q + h) * C::kDqk + col0;
+  }
+
+  // A 16 x 64 dQ unit (accumulator layout) at query rows row0.., columns col0.., rows inside
+  // the sequence, one float reduction per value.
+  __device__ void add_unit_atomic(const device::MmaFragC (&acc)[C::kDqUnitCols / 8], int h, int row0, int col0) {
+    const int g = lane_ / 4, c = lane_ % 4;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int t = row0 + g + 8 * r;
+      if (t >= lq_rows_) continue;
+      float* dst = dq_row(h, t, col0) + 2 * c;
+#pragma unroll
+      for (int j = 0; j < C::kDqUnitCols / 8; ++j) {
+        atomicAdd(dst + 8 * j, acc[j].d[2 * r]);
+        atomicAdd(dst + 8 * j + 1, acc[j].d[2 * r + 1]);
+      }
+    }
+  }
+
+  // The same unit through the warp's staging rows: each of lanes 0..15 adds one row of 64
+  // floats by a bulk reduction. The staging is written again only after this lane's previous
+  // reductions have read it (and every lane's: the __syncwarp after the wait).
+  __device__ void add_unit_bulk(const device::MmaFragC (&acc)[C::kDqUnitCols / 8], int h, int row0, int col0) {
+    const int g = lane_ / 4, c = lane_ % 4;
+    const uint32_t stage = smem_base_ + C::kStageOffset + warp_ * 16 * C::kStageRowBytes;
+    unsigned char* stage_ptr = smem_ + C::kStageOffset + warp_ * 16 * C::kStageRowBytes;
+    device::bulk_wait_reads();
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int j = 0; j < C::kDqUnitCols / 8; ++j) {
+        *reinterpret_cast<float2*>(stage_ptr + (g + 8 * r) * C::kStageRowBytes + (8 * j + 2 * c) * 4) =
+            make_float2(acc[j].d[2 * r], acc[j].d[2 * r + 1]);
+      }
+    }
+    device::fence_proxy_async_shared();
+    __syncwarp();
+    if (lane_ < 16 && row0 + lane_ < lq_rows_) {
+      device::bulk_reduce_add_f32(dq_row(h, row0 + lane_, col0), stage + lane_ * C::kStageRowBytes,
+                                  C::kDqUnitCols * 4);
+      device::bulk_commit_group();
     }
   }
 
@@ -458,16 +501,23 @@ cudaError_t launch_backward(const MhaBackwardParams& p, cudaStream_t stream) {
 
 namespace mlakit::detail {
 
+namespace mha_portable {
+template <typename Elem, bool kBulkDq>
+cudaError_t launch_backward_for_dims(const MhaBackwardParams& params, cudaStream_t stream) {
+  const int dqk = params.d_qk, dv = params.d_v;
+  if (dqk == 64 && dv == 64) return launch_backward<Elem, MhaBackwardConfig<64, 64, kBulkDq>>(params, stream);
+  if (dqk == 128 && dv == 128) return launch_backward<Elem, MhaBackwardConfig<128, 128, kBulkDq>>(params, stream);
+  if (dqk == 192 && dv == 128) return launch_backward<Elem, MhaBackwardConfig<192, 128, kBulkDq>>(params, stream);
+  if (dqk == 256 && dv == 256) return launch_backward<Elem, MhaBackwardConfig<256, 256, kBulkDq>>(params, stream);
+  return cudaErrorInvalidValue;  // the dispatch validated the pair: unreachable
+}
+}  // namespace mha_portable
+
 template <typename Elem>
 cudaError_t launch_mha_backward_main_portable(const MhaBackwardParams& params, cudaStream_t stream) {
   if (params.b <= 0 || params.max_seqlen_k <= 0) return cudaSuccess;  // no key row to write
-  
-  using mha_portable::launch_backward;
-  if (params.d_qk == 64 && params.d_v == 64) return launch_backward<Elem, MhaBackwardConfig<64, 64>>(params, stream);
-  if (params.d_qk == 128 && params.d_v == 128) return launch_backward<Elem, MhaBackwardConfig<128, 128>>(params, stream);
-  if (params.d_qk == 192 && params.d_v == 128) return launch_backward<Elem, MhaBackwardConfig<192, 128>>(params, stream);
-  if (params.d_qk == 256 && params.d_v == 256) return launch_backward<Elem, MhaBackwardConfig<256, 256>>(params, stream);
-  return cudaErrorInvalidValue;  // the dispatch validated the pair: unreachable
+  if (params.bulk_dq) return mha_portable::launch_backward_for_dims<Elem, true>(params, stream);
+  return mha_portable::launch_backward_for_dims<Elem, false>(params, stream);
 }
 
 }  // namespace mlakit::detail
