@@ -12,7 +12,6 @@
 #include "kernels/sm90/launch.h"
 
 namespace mlakit::detail {
-namespace {
 
 MhaPrefillParams mha_prefill_params(const MhaPrefillArgs& a, const MhaPrefillShape& s, float scale) {
   return MhaPrefillParams{
@@ -48,6 +47,8 @@ MhaPrefillParams mha_prefill_params(const MhaPrefillArgs& a, const MhaPrefillSha
       .scale_log2 = scale * static_cast<float>(kLog2e),
   };
 }
+
+namespace {
 
 template <typename Elem>
 Status run(const MhaPrefillParams& params, bool sm90_required, MlaKernel kernel, cudaStream_t stream) {

@@ -3,9 +3,14 @@
 #pragma once
 
 #include "common/mha_prefill_shape.h"
+#include "kernels/mha_prefill_params.h"
 #include "mlakit/mha_prefill.h"
 
 namespace mlakit::detail {
+
+// The kernels' parameters of validated arguments (`scale` resolved); the backward's dispatch
+// builds its forward part from the same arguments.
+MhaPrefillParams mha_prefill_params(const MhaPrefillArgs& args, const MhaPrefillShape& shape, float scale);
 
 // Arguments validated (validate_mha_prefill_args and the GPU entry's layout and grid rules),
 // not an empty problem; `softmax_scale` resolved; `kernel` resolved (kPortable or kSm90).

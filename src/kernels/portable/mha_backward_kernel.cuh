@@ -55,7 +55,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -485,10 +484,7 @@ cudaError_t launch_backward(const MhaBackwardParams& p, cudaStream_t stream) {
   auto kernel = &mha_backward_portable_kernel<Elem, C>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (err != cudaSuccess) return err;
-  constexpr int kGridYZLimit = 65535;  // the rest is walked by the CTAs
-  const dim3 grid(static_cast<unsigned>((static_cast<int64_t>(p.max_seqlen_k) + C::kKeys - 1) / C::kKeys),
-                  static_cast<unsigned>(std::min(p.h_kv, kGridYZLimit)),
-                  static_cast<unsigned>(std::min(p.b, kGridYZLimit)));
+  const dim3 grid = tiles_heads_batch_grid((static_cast<int64_t>(p.max_seqlen_k) + C::kKeys - 1) / C::kKeys, p.h_kv, p.b);
   const bool aligned16 = rows_aligned16(p.dout, p.dout_stride_t, p.dout_stride_h) &&
                          rows_aligned16(p.q, p.q_stride_t, p.q_stride_h) &&
                          rows_aligned16(p.k, p.k_stride_t, p.k_stride_h) &&

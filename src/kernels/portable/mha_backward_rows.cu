@@ -35,16 +35,21 @@ __device__ float warp_sum(float x) {
   return x;
 }
 
+// Calls row(r, t, h) in each warp for the (query row t, head h) pairs inside a sequence, r = t *
+// h_q + h (the row of dq_accum), walking the grid's warps over them.
+template <typename Row>
+__device__ void for_each_query_row(const MhaBackwardParams& p, Row row) {
+  const int64_t first_warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  const int64_t rows = rows_in_sequences(p) * p.h_q;
+  for (int64_t r = first_warp; r < rows; r += num_warps) row(r, r / p.h_q, static_cast<int>(r % p.h_q));
+}
+
 template <typename Elem>
 __global__ void __launch_bounds__(kThreads) mha_backward_preprocess_kernel(const __grid_constant__ MhaBackwardParams p) {
   using Ops = device::ElemOps<Elem>;
   const int lane = threadIdx.x % 32;
-  const int64_t first_warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
-  const int64_t rows = rows_in_sequences(p) * p.h_q;
-  for (int64_t r = first_warp; r < rows; r += num_warps) {
-    const int64_t t = r / p.h_q;
-    const int h = static_cast<int>(r % p.h_q);
+  for_each_query_row(p, [&](int64_t r, int64_t t, int h) {
     const auto* o = reinterpret_cast<const uint32_t*>(static_cast<const Elem*>(p.out) + t * p.out_stride_t +
                                                       h * p.out_stride_h);
     const auto* g = reinterpret_cast<const uint32_t*>(static_cast<const Elem*>(p.dout) + t * p.dout_stride_t +
@@ -56,9 +61,9 @@ __global__ void __launch_bounds__(kThreads) mha_backward_preprocess_kernel(const
     }
     sum = warp_sum(sum);
     if (lane == 0) p.row_dot[h * p.total_q + t] = sum;
-    auto* acc = reinterpret_cast<float4*>(p.dq_accum + r * p.d_qk);  // row r = t * h_q + h
+    auto* acc = reinterpret_cast<float4*>(p.dq_accum + r * p.d_qk);
     for (int i = lane; i < p.d_qk / 4; i += 32) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
+  });
   const int64_t first_thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t num_threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = first_thread; i < p.num_counters; i += num_threads) p.counters[i] = 0;
@@ -68,19 +73,14 @@ template <typename Elem>
 __global__ void __launch_bounds__(kThreads) mha_backward_postprocess_kernel(const __grid_constant__ MhaBackwardParams p) {
   using Ops = device::ElemOps<Elem>;
   const int lane = threadIdx.x % 32;
-  const int64_t first_warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
-  const int64_t rows = rows_in_sequences(p) * p.h_q;
-  for (int64_t r = first_warp; r < rows; r += num_warps) {
-    const int64_t t = r / p.h_q;
-    const int h = static_cast<int>(r % p.h_q);
+  for_each_query_row(p, [&](int64_t r, int64_t t, int h) {
     const auto* acc = reinterpret_cast<const float2*>(p.dq_accum + r * p.d_qk);
     auto* dq = reinterpret_cast<uint32_t*>(static_cast<Elem*>(p.dq) + t * p.dq_stride_t + h * p.dq_stride_h);
     for (int i = lane; i < p.d_qk / 2; i += 32) {
       const float2 x = acc[i];
       dq[i] = Ops::pack(x.x * p.softmax_scale, x.y * p.softmax_scale);
     }
-  }
+  });
 }
 
 // Blocks for `rows` warp rows and `counters` counters (at least one block).

@@ -34,7 +34,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -366,10 +365,7 @@ cudaError_t launch(const MhaPrefillParams& p, cudaStream_t stream) {
   // Idempotent and cheap; not a stream operation, so it is allowed during graph capture.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (err != cudaSuccess) return err;
-  constexpr int kGridYZLimit = 65535;  // the rest is walked by the CTAs
-  const dim3 grid(static_cast<unsigned>((static_cast<int64_t>(p.max_seqlen_q) + C::kRows - 1) / C::kRows),
-                  static_cast<unsigned>(std::min(p.h_q, kGridYZLimit)),
-                  static_cast<unsigned>(std::min(p.b, kGridYZLimit)));
+  const dim3 grid = tiles_heads_batch_grid((static_cast<int64_t>(p.max_seqlen_q) + C::kRows - 1) / C::kRows, p.h_q, p.b);
   const bool aligned16 =
       rows_aligned16(p.q, p.q_stride_t, p.q_stride_h) && rows_aligned16(p.k, p.k_stride_t, p.k_stride_h) &&
       rows_aligned16(p.v, p.v_stride_t, p.v_stride_h) && rows_aligned16(p.out, p.out_stride_t, p.out_stride_h);

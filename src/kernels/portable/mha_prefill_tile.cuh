@@ -3,6 +3,8 @@
 // ldmatrix loads share, and the global -> shared row copies.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 #include "device/cp_async.cuh"
@@ -117,6 +119,14 @@ __device__ __forceinline__ void copy_rows(uint32_t tile, unsigned char* tile_ptr
     }
     src += kRowStep * stride;
   }
+}
+
+// The grid of the MHA kernels: (tiles, heads, b) with y and z capped at CUDA's 65535; the
+// kernels walk the heads and sequences past the caps (head += gridDim.y, seq += gridDim.z).
+inline dim3 tiles_heads_batch_grid(int64_t tiles, int heads, int b) {
+  constexpr int kGridYZLimit = 65535;
+  return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads < kGridYZLimit ? heads : kGridYZLimit),
+              static_cast<unsigned>(b < kGridYZLimit ? b : kGridYZLimit));
 }
 
 // Rows of a [rows, heads, d] tensor of 16-bit values start 16-byte aligned: the base pointer
