@@ -16,49 +16,11 @@ using View = HostMhaPrefillCase::View;
 
 constexpr uint64_t kDoutSalt = 0x9e3779b97f4a7c15ull;  // dout's random stream, apart from q / k / v's
 
-uint16_t nan_bits(DType dtype) { return dtype == DType::kBF16 ? uint16_t{0x7fc0} : uint16_t{0x7e00}; }
-
-uint16_t to_half(float x, DType dtype) {
-  return dtype == DType::kBF16 ? host::float_to_bf16(x) : host::float_to_fp16(x);
-}
-
-float from_half(uint16_t h, DType dtype) {
-  return dtype == DType::kBF16 ? host::bf16_to_float(h) : host::fp16_to_float(h);
-}
-
-View view_of(const MhaViewPad& pad, int heads, int d) {
-  View v;
-  v.offset = pad.offset;
-  v.head_stride = d + pad.head_pad;
-  v.token_stride = heads * v.head_stride + pad.token_pad;
-  return v;
-}
-
-int64_t stored_elements(const View& v, int64_t total) { return v.offset + (total + kMhaGuardRows) * v.token_stride; }
-
-int64_t index_of(const View& v, int64_t t, int h, int d) {
-  return v.offset + t * v.token_stride + h * v.head_stride + d;
-}
-
-// Visible (query, key) pairs of one sequence (bottom-right causal alignment).
-int64_t visible_pairs(int64_t lq, int64_t lk, bool causal) {
-  if (!causal) return lq * lk;
-  int64_t pairs = 0;
-  for (int64_t t = 0; t < lq; ++t) pairs += std::clamp<int64_t>(t + lk - lq + 1, 0, lk);
-  return pairs;
-}
-
-std::string pad_text(const char* name, const MhaViewPad& p) {
-  if (p.offset == 0 && p.head_pad == 0 && p.token_pad == 0) return "";
-  return std::string(" ") + name + "_pad=(" + std::to_string(p.offset) + "," + std::to_string(p.head_pad) + "," +
-         std::to_string(p.token_pad) + ")";
-}
-
 // Rows [from, to) of a [rows, heads, d] view set to `value` (every head, every column).
 void fill_rows(std::vector<uint16_t>* buf, const View& v, int heads, int d, int64_t from, int64_t to, uint16_t value) {
   for (int64_t t = from; t < to; ++t) {
     for (int h = 0; h < heads; ++h) {
-      for (int c = 0; c < d; ++c) (*buf)[index_of(v, t, h, c)] = value;
+      for (int c = 0; c < d; ++c) (*buf)[v.at(t, h, c)] = value;
     }
   }
 }
@@ -69,12 +31,12 @@ void set_forward_outputs(HostMhaBackwardCase* c, int num_threads) {
   const MhaPrefillSpec& s = c->fwd.spec;
   const MhaPrefillReference ref = run_mha_prefill_reference(c->fwd, num_threads);
   const int64_t rows = c->fwd.rows_in_sequences();
-  c->out.assign(c->fwd.out_stored, nan_bits(s.dtype));
+  c->out.assign(c->fwd.out_stored, half_nan_bits(s.dtype));
   c->lse.assign(c->fwd.lse_stored, host::float_to_bits(NAN));
   for (int64_t t = 0; t < rows; ++t) {
     for (int h = 0; h < s.h_q; ++h) {
       for (int d = 0; d < s.d_v; ++d) {
-        c->out[c->fwd.out_at(t, h, d)] = to_half(ref.out[(t * s.h_q + h) * s.d_v + d], s.dtype);
+        c->out[c->fwd.out_at(t, h, d)] = to_half_bits(ref.out[(t * s.h_q + h) * s.d_v + d], s.dtype);
       }
     }
   }
@@ -126,7 +88,7 @@ std::string check_gradient(const Gradient& g, DType dtype, uint16_t poison) {
   for (int64_t t = 0; t < g.written_rows; ++t) {
     for (int h = 0; h < g.heads; ++h) {
       for (int d = 0; d < g.d; ++d) {
-        const int64_t at = index_of(g.view, t, h, d), i = (t * g.heads + h) * g.d + d;
+        const int64_t at = g.view.at(t, h, d), i = (t * g.heads + h) * g.d + d;
         logical[at] = true;
         got[i] = g.stored[at];
         want[i] = g.ref[i];
@@ -164,6 +126,13 @@ std::string check_gradient(const Gradient& g, DType dtype, uint16_t poison) {
 
 }  // namespace
 
+MhaBackwardSpec mha_backward_spec(const MhaSequenceLengths& lengths, int h_q, int h_kv, int d_qk, int d_v, bool causal,
+                                  uint64_t seed) {
+  return {.problem = mha_prefill_spec(lengths, h_q, h_kv, d_qk, d_v, causal, seed)};
+}
+
+const char* backward_mode_name(bool deterministic) { return deterministic ? "deterministic" : "default"; }
+
 void pad_all_views(MhaBackwardSpec* spec) {
   pad_all_views(&spec->problem);
   spec->dout_pad = {.offset = 0, .head_pad = 8, .token_pad = 16};
@@ -172,13 +141,26 @@ void pad_all_views(MhaBackwardSpec* spec) {
   spec->dv_pad = {.offset = 0, .head_pad = 8, .token_pad = 8};
 }
 
+void align4_all_views(MhaBackwardSpec* spec) {
+  spec->problem.q_pad = {.offset = 2, .head_pad = 2, .token_pad = 0};
+  spec->problem.k_pad = {.offset = 0, .head_pad = 0, .token_pad = 2};
+  spec->problem.v_pad = {.offset = 6, .head_pad = 2, .token_pad = 2};
+  spec->problem.out_pad = {.offset = 2, .head_pad = 0, .token_pad = 2};
+  spec->problem.lse_pad = 1;
+  spec->dout_pad = {.offset = 0, .head_pad = 2, .token_pad = 0};
+  spec->dq_pad = {.offset = 2, .head_pad = 0, .token_pad = 6};
+  spec->dk_pad = {.offset = 4, .head_pad = 2, .token_pad = 2};
+  spec->dv_pad = {.offset = 2, .head_pad = 2, .token_pad = 0};
+}
+
 std::string describe(const MhaBackwardSpec& s) {
   MhaPrefillSpec problem = s.problem;
   problem.with_lse = true;
   std::string text = describe(problem);
   const size_t seed_at = text.rfind(" seed=");
   const std::string grads =
-      pad_text("dout", s.dout_pad) + pad_text("dq", s.dq_pad) + pad_text("dk", s.dk_pad) + pad_text("dv", s.dv_pad);
+      describe_pad("dout", s.dout_pad) + describe_pad("dq", s.dq_pad) + describe_pad("dk", s.dk_pad) +
+      describe_pad("dv", s.dv_pad);
   const MhaBackwardSpec defaults;
   std::string dout;
   if (s.dout_std != defaults.dout_std) dout += " dout_std=" + std::to_string(s.dout_std);
@@ -189,41 +171,46 @@ std::string describe(const MhaBackwardSpec& s) {
 
 double backward_reference_macs(const MhaBackwardSpec& spec) {
   const MhaPrefillSpec& s = spec.problem;
-  double pairs = 0;
-  for (size_t i = 0; i < s.lq.size() && i < s.lk.size(); ++i) {
-    pairs += static_cast<double>(visible_pairs(s.lq[i], s.lk[i], s.causal));
-  }
-  return pairs * s.h_q * (5.0 * s.d_qk + 4.0 * s.d_v);
+  return visible_pairs(s) * s.h_q * (5.0 * s.d_qk + 4.0 * s.d_v);
+}
+
+HostMhaBackwardCase::Buffers HostMhaBackwardCase::host_inputs() const {
+  // Read only; the casts let one args() serve host and device buffers.
+  auto in = [](const auto& v) { return const_cast<void*>(static_cast<const void*>(v.data())); };
+  return {.q = in(fwd.q),
+          .k = in(fwd.k),
+          .v = in(fwd.v),
+          .cu_q = in(fwd.cu_q),
+          .cu_k = in(fwd.cu_k),
+          .dout = in(dout),
+          .out = in(out),
+          .lse = in(lse)};
 }
 
 MhaPrefillBackwardArgs HostMhaBackwardCase::args(const Buffers& buf) const {
   const MhaPrefillSpec& s = fwd.spec;
-  auto at = [](void* base, int64_t offset) {
-    return base == nullptr ? nullptr : static_cast<void*>(static_cast<uint16_t*>(base) + offset);
+  // A [total, heads, d] view in `base` (null stays null).
+  auto view = [&](void* base, const View& v, int64_t total, int heads, int d) {
+    void* data = base == nullptr ? nullptr : static_cast<void*>(static_cast<uint16_t*>(base) + v.offset);
+    return make_tensor(data, s.dtype, {total, heads, d}, {v.token_stride, v.head_stride, 1});
   };
   const MhaPrefillArgs f = fwd.args(buf.q, buf.k, buf.v, buf.cu_q, buf.cu_k, buf.out, nullptr);
   const int64_t tq = fwd.total_q, tk = fwd.total_k;
-  MhaPrefillBackwardArgs a;
-  a.dout = make_tensor(at(buf.dout, dout_view.offset), s.dtype, {tq, s.h_q, s.d_v},
-                       {dout_view.token_stride, dout_view.head_stride, 1});
-  a.q = f.q;
-  a.k = f.k;
-  a.v = f.v;
-  a.out = f.out;
-  a.lse = make_tensor(buf.lse, DType::kFP32, {s.h_q, tq}, {fwd.lse_stride, 1});
-  a.cu_seqlens_q = f.cu_seqlens_q;
-  a.cu_seqlens_k = f.cu_seqlens_k;
-  a.max_seqlen_q = f.max_seqlen_q;
-  a.max_seqlen_k = f.max_seqlen_k;
-  a.causal = f.causal;
-  a.softmax_scale = f.softmax_scale;
-  a.dq = make_tensor(at(buf.dq, dq_view.offset), s.dtype, {tq, s.h_q, s.d_qk},
-                     {dq_view.token_stride, dq_view.head_stride, 1});
-  a.dk = make_tensor(at(buf.dk, dk_view.offset), s.dtype, {tk, s.h_kv, s.d_qk},
-                     {dk_view.token_stride, dk_view.head_stride, 1});
-  a.dv = make_tensor(at(buf.dv, dv_view.offset), s.dtype, {tk, s.h_kv, s.d_v},
-                     {dv_view.token_stride, dv_view.head_stride, 1});
-  return a;
+  return {.dout = view(buf.dout, dout_view, tq, s.h_q, s.d_v),
+          .q = f.q,
+          .k = f.k,
+          .v = f.v,
+          .out = f.out,
+          .lse = make_tensor(buf.lse, DType::kFP32, {s.h_q, tq}, {fwd.lse_stride, 1}),
+          .cu_seqlens_q = f.cu_seqlens_q,
+          .cu_seqlens_k = f.cu_seqlens_k,
+          .max_seqlen_q = f.max_seqlen_q,
+          .max_seqlen_k = f.max_seqlen_k,
+          .causal = f.causal,
+          .softmax_scale = f.softmax_scale,
+          .dq = view(buf.dq, dq_view, tq, s.h_q, s.d_qk),
+          .dk = view(buf.dk, dk_view, tk, s.h_kv, s.d_qk),
+          .dv = view(buf.dv, dv_view, tk, s.h_kv, s.d_v)};
 }
 
 HostMhaBackwardCase make_mha_backward_case(const MhaBackwardSpec& spec, int num_threads) {
@@ -232,13 +219,13 @@ HostMhaBackwardCase make_mha_backward_case(const MhaBackwardSpec& spec, int num_
   c.spec.problem.with_lse = true;
   c.fwd = make_mha_prefill_case(c.spec.problem);
   const MhaPrefillSpec& s = c.fwd.spec;
-  c.dout_view = view_of(spec.dout_pad, s.h_q, s.d_v);
-  c.dq_view = view_of(spec.dq_pad, s.h_q, s.d_qk);
-  c.dk_view = view_of(spec.dk_pad, s.h_kv, s.d_qk);
-  c.dv_view = view_of(spec.dv_pad, s.h_kv, s.d_v);
-  c.dq_stored = stored_elements(c.dq_view, c.fwd.total_q);
-  c.dk_stored = stored_elements(c.dk_view, c.fwd.total_k);
-  c.dv_stored = stored_elements(c.dv_view, c.fwd.total_k);
+  c.dout_view = padded_view(spec.dout_pad, s.h_q, s.d_v);
+  c.dq_view = padded_view(spec.dq_pad, s.h_q, s.d_qk);
+  c.dk_view = padded_view(spec.dk_pad, s.h_kv, s.d_qk);
+  c.dv_view = padded_view(spec.dv_pad, s.h_kv, s.d_v);
+  c.dq_stored = c.dq_view.stored_elements(c.fwd.total_q);
+  c.dk_stored = c.dk_view.stored_elements(c.fwd.total_k);
+  c.dv_stored = c.dv_view.stored_elements(c.fwd.total_k);
 
   int exponent = 0;
   if (!(spec.v_scale > 0) || std::frexp(spec.v_scale, &exponent) != 0.5f) {
@@ -250,18 +237,18 @@ HostMhaBackwardCase make_mha_backward_case(const MhaBackwardSpec& spec, int num_
     for (int64_t t = 0; t < c.fwd.cu_k.back(); ++t) {
       for (int h = 0; h < s.h_kv; ++h) {
         for (int d = 0; d < s.d_v; ++d) {
-          uint16_t& x = vb[index_of(c.fwd.v_view, t, h, d)];
-          x = to_half(from_half(x, s.dtype) * spec.v_scale, s.dtype);
+          uint16_t& x = vb[c.fwd.v_view.at(t, h, d)];
+          x = to_half_bits(from_half_bits(x, s.dtype) * spec.v_scale, s.dtype);
         }
       }
     }
   }
-  c.dout.assign(stored_elements(c.dout_view, c.fwd.total_q), nan_bits(s.dtype));
+  c.dout.assign(c.dout_view.stored_elements(c.fwd.total_q), half_nan_bits(s.dtype));
   std::mt19937_64 rng(s.seed ^ kDoutSalt);
   std::normal_distribution<float> normal(0.f, spec.dout_std);
   for (int64_t t = 0; t < c.fwd.rows_in_sequences(); ++t) {
     for (int h = 0; h < s.h_q; ++h) {
-      for (int d = 0; d < s.d_v; ++d) c.dout[index_of(c.dout_view, t, h, d)] = to_half(normal(rng), s.dtype);
+      for (int d = 0; d < s.d_v; ++d) c.dout[c.dout_view.at(t, h, d)] = to_half_bits(normal(rng), s.dtype);
     }
   }
   set_forward_outputs(&c, num_threads);
@@ -294,7 +281,7 @@ HostMhaBackwardCase recut_mha_backward_case(const HostMhaBackwardCase& c, const 
   r.fwd.cu_q = cu_q;
   r.fwd.cu_k = cu_k;
   // The rows the old sequences covered and the new ones do not are now in no sequence: NaN.
-  const uint16_t nan = nan_bits(s.dtype);
+  const uint16_t nan = half_nan_bits(s.dtype);
   std::vector<uint16_t>* kv = s.packed_qkv ? &r.fwd.q : nullptr;
   fill_rows(&r.fwd.q, r.fwd.q_view, s.h_q, s.d_qk, cu_q.back(), old_q, nan);
   fill_rows(kv ? kv : &r.fwd.k, r.fwd.k_view, s.h_kv, s.d_qk, cu_k.back(), old_k, nan);
@@ -312,16 +299,7 @@ MhaBackwardReference run_mha_backward_reference(const HostMhaBackwardCase& c, in
   r.dq.assign(std::max<int64_t>(tq * s.h_q * s.d_qk, 1), NAN);
   r.dk.assign(std::max<int64_t>(tk * s.h_kv * s.d_qk, 1), NAN);
   r.dv.assign(std::max<int64_t>(tk * s.h_kv * s.d_v, 1), NAN);
-  // The reference only reads the inputs; the casts let one args() serve host and device.
-  auto in = [](const auto& v) { return const_cast<void*>(static_cast<const void*>(v.data())); };
-  MhaPrefillBackwardArgs a = c.args({.q = in(c.fwd.q),
-                                     .k = in(c.fwd.k),
-                                     .v = in(c.fwd.v),
-                                     .cu_q = in(c.fwd.cu_q),
-                                     .cu_k = in(c.fwd.cu_k),
-                                     .dout = in(c.dout),
-                                     .out = in(c.out),
-                                     .lse = in(c.lse)});
+  MhaPrefillBackwardArgs a = c.args(c.host_inputs());
   a.dq = make_tensor(r.dq.data(), DType::kFP32, {tq, s.h_q, s.d_qk});
   a.dk = make_tensor(r.dk.data(), DType::kFP32, {tk, s.h_kv, s.d_qk});
   a.dv = make_tensor(r.dv.data(), DType::kFP32, {tk, s.h_kv, s.d_v});

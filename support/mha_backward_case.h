@@ -45,8 +45,24 @@ struct MhaBackwardSpec {
   float v_scale = 8.f;
 };
 
+// v_scale of the cases with peaked softmax rows (key ramps, large explicit scales): see above.
+inline constexpr float kPeakedRowsVScale = 4.f;
+
+// A spec of the batch `lengths` with these heads, head dims, mask and seed (mha_prefill_spec);
+// every other field keeps its default.
+MhaBackwardSpec mha_backward_spec(const MhaSequenceLengths& lengths, int h_q, int h_kv, int d_qk, int d_v, bool causal,
+                                  uint64_t seed = 1);
+
+// The backward's two modes (MhaPrefillBackwardArgs::deterministic) as the tests name them:
+// "deterministic" or "default".
+const char* backward_mode_name(bool deterministic);
+
 // Padding of every view (q, k, v, out, lse, dout, dq, dk, dv) that keeps 16-byte aligned rows.
 void pad_all_views(MhaBackwardSpec* spec);
+
+// Offsets and paddings of every view that leave rows aligned to 4 bytes but not to 16 (which
+// the device entry takes).
+void align4_all_views(MhaBackwardSpec* spec);
 
 // One line naming the spec's fields (for failure messages).
 std::string describe(const MhaBackwardSpec& spec);
@@ -82,6 +98,9 @@ struct HostMhaBackwardCase {
     void* dk = nullptr;
     void* dv = nullptr;
   };
+  // This case's own host buffers of the inputs (dq, dk, dv null), for the reference or for
+  // arguments over host memory.
+  Buffers host_inputs() const;
   // Arguments over `buffers` (deterministic false, kernel kAuto: the caller sets them).
   MhaPrefillBackwardArgs args(const Buffers& buffers) const;
 };

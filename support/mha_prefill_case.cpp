@@ -14,26 +14,12 @@ namespace {
 
 constexpr int64_t kLseGuard = 64;  // stored lse elements past the last head's row
 
-uint16_t nan_bits(DType dtype) { return dtype == DType::kBF16 ? uint16_t{0x7fc0} : uint16_t{0x7e00}; }
-
-uint16_t to_half(float x, DType dtype) {
-  return dtype == DType::kBF16 ? host::float_to_bf16(x) : host::float_to_fp16(x);
-}
-
 // Visible (query, key) pairs of one sequence (bottom-right causal alignment).
-int64_t visible_pairs(int64_t lq, int64_t lk, bool causal) {
+int64_t sequence_pairs(int64_t lq, int64_t lk, bool causal) {
   if (!causal) return lq * lk;
   int64_t pairs = 0;
   for (int64_t t = 0; t < lq; ++t) pairs += std::clamp<int64_t>(t + lk - lq + 1, 0, lk);
   return pairs;
-}
-
-HostMhaPrefillCase::View view_of(const MhaViewPad& pad, int heads, int d) {
-  HostMhaPrefillCase::View v;
-  v.offset = pad.offset;
-  v.head_stride = d + pad.head_pad;
-  v.token_stride = heads * v.head_stride + pad.token_pad;
-  return v;
 }
 
 std::string lengths(const std::vector<int32_t>& l) {
@@ -45,18 +31,59 @@ std::string lengths(const std::vector<int32_t>& l) {
   return s + "]";
 }
 
-std::string pad_text(const char* name, const MhaViewPad& p) {
-  if (p.offset == 0 && p.head_pad == 0 && p.token_pad == 0) return "";
-  return std::string(" ") + name + "_pad=(" + std::to_string(p.offset) + "," + std::to_string(p.head_pad) + "," +
-         std::to_string(p.token_pad) + ")";
-}
-
 std::string verdict(const AccuracyReport& r, const char* layout) {
   if (r.ok) return "";
   return r.message + " (cosine diff " + std::to_string(r.cosine_diff) + "; " + layout + ")";
 }
 
 }  // namespace
+
+MhaPrefillSpec mha_prefill_spec(const MhaSequenceLengths& lengths, int h_q, int h_kv, int d_qk, int d_v, bool causal,
+                                uint64_t seed) {
+  return {.lq = lengths.lq,
+          .lk = lengths.lk,
+          .h_q = h_q,
+          .h_kv = h_kv,
+          .d_qk = d_qk,
+          .d_v = d_v,
+          .causal = causal,
+          .seed = seed};
+}
+
+MhaSequenceLengths random_short_sequences(int b, uint32_t seed) {
+  std::mt19937 rng(seed);
+  MhaSequenceLengths l;
+  for (int i = 0; i < b; ++i) {
+    const int q = static_cast<int>(rng() % 91);
+    l.lq.push_back(q);
+    l.lk.push_back(std::max(0, q + static_cast<int>(rng() % 51) - 10));
+  }
+  return l;
+}
+
+uint16_t half_nan_bits(DType dtype) { return dtype == DType::kBF16 ? uint16_t{0x7fc0} : uint16_t{0x7e00}; }
+
+uint16_t to_half_bits(float x, DType dtype) {
+  return dtype == DType::kBF16 ? host::float_to_bf16(x) : host::float_to_fp16(x);
+}
+
+float from_half_bits(uint16_t bits, DType dtype) {
+  return dtype == DType::kBF16 ? host::bf16_to_float(bits) : host::fp16_to_float(bits);
+}
+
+HostMhaPrefillCase::View padded_view(const MhaViewPad& pad, int heads, int d) {
+  HostMhaPrefillCase::View v;
+  v.offset = pad.offset;
+  v.head_stride = d + pad.head_pad;
+  v.token_stride = heads * v.head_stride + pad.token_pad;
+  return v;
+}
+
+std::string describe_pad(const char* name, const MhaViewPad& p) {
+  if (p.offset == 0 && p.head_pad == 0 && p.token_pad == 0) return "";
+  return std::string(" ") + name + "_pad=(" + std::to_string(p.offset) + "," + std::to_string(p.head_pad) + "," +
+         std::to_string(p.token_pad) + ")";
+}
 
 void pad_all_views(MhaPrefillSpec* spec) {
   spec->q_pad = {.offset = 0, .head_pad = 8, .token_pad = 16};
@@ -72,8 +99,8 @@ std::string describe(const MhaPrefillSpec& s) {
     << " tail_k=" << s.tail_k << " h_q=" << s.h_q << " h_kv=" << s.h_kv << " d=" << s.d_qk << "/" << s.d_v << " "
     << (s.dtype == DType::kBF16 ? "bf16" : "fp16") << (s.causal ? " causal" : " non-causal");
   if (s.softmax_scale) o << " softmax_scale=" << *s.softmax_scale;
-  o << (s.with_lse ? " lse" : " no-lse") << (s.packed_qkv ? " packed-qkv" : "") << pad_text("q", s.q_pad)
-    << pad_text("k", s.k_pad) << pad_text("v", s.v_pad) << pad_text("out", s.out_pad);
+  o << (s.with_lse ? " lse" : " no-lse") << (s.packed_qkv ? " packed-qkv" : "") << describe_pad("q", s.q_pad)
+    << describe_pad("k", s.k_pad) << describe_pad("v", s.v_pad) << describe_pad("out", s.out_pad);
   if (s.lse_pad) o << " lse_pad=" << s.lse_pad;
   if (s.max_seqlen_slack) o << " max_seqlen_slack=" << s.max_seqlen_slack;
   if (s.key_ramp > 0) o << " key_ramp=" << s.key_ramp;
@@ -81,13 +108,15 @@ std::string describe(const MhaPrefillSpec& s) {
   return o.str();
 }
 
-double reference_macs(const MhaPrefillSpec& s) {
+double visible_pairs(const MhaPrefillSpec& s) {
   double pairs = 0;
   for (size_t i = 0; i < s.lq.size() && i < s.lk.size(); ++i) {
-    pairs += static_cast<double>(visible_pairs(s.lq[i], s.lk[i], s.causal));
+    pairs += static_cast<double>(sequence_pairs(s.lq[i], s.lk[i], s.causal));
   }
-  return pairs * s.h_q * (s.d_qk + s.d_v);
+  return pairs;
 }
+
+double reference_macs(const MhaPrefillSpec& s) { return visible_pairs(s) * s.h_q * (s.d_qk + s.d_v); }
 
 MhaPrefillArgs HostMhaPrefillCase::args(void* q_buf, void* k_buf, void* v_buf, void* cu_q_buf, void* cu_k_buf,
                                         void* out_buf, void* lse_buf) const {
@@ -134,7 +163,7 @@ HostMhaPrefillCase make_mha_prefill_case(const MhaPrefillSpec& spec) {
   c.max_seqlen_q = longest_q + s.max_seqlen_slack;
   c.max_seqlen_k = longest_k + s.max_seqlen_slack;
 
-  const uint16_t nan = nan_bits(s.dtype);
+  const uint16_t nan = half_nan_bits(s.dtype);
   if (s.packed_qkv) {
     const int64_t heads = s.h_q + 2 * s.h_kv, stride = heads * s.d_qk;
     c.q_view = {0, stride, s.d_qk};
@@ -142,15 +171,15 @@ HostMhaPrefillCase make_mha_prefill_case(const MhaPrefillSpec& spec) {
     c.v_view = {int64_t{s.h_q + s.h_kv} * s.d_qk, stride, s.d_qk};
     c.q.assign((c.total_q + kMhaGuardRows) * stride, nan);
   } else {
-    c.q_view = view_of(s.q_pad, s.h_q, s.d_qk);
-    c.k_view = view_of(s.k_pad, s.h_kv, s.d_qk);
-    c.v_view = view_of(s.v_pad, s.h_kv, s.d_v);
-    c.q.assign(c.q_view.offset + (c.total_q + kMhaGuardRows) * c.q_view.token_stride, nan);
-    c.k.assign(c.k_view.offset + (c.total_k + kMhaGuardRows) * c.k_view.token_stride, nan);
-    c.v.assign(c.v_view.offset + (c.total_k + kMhaGuardRows) * c.v_view.token_stride, nan);
+    c.q_view = padded_view(s.q_pad, s.h_q, s.d_qk);
+    c.k_view = padded_view(s.k_pad, s.h_kv, s.d_qk);
+    c.v_view = padded_view(s.v_pad, s.h_kv, s.d_v);
+    c.q.assign(c.q_view.stored_elements(c.total_q), nan);
+    c.k.assign(c.k_view.stored_elements(c.total_k), nan);
+    c.v.assign(c.v_view.stored_elements(c.total_k), nan);
   }
-  c.out_view = view_of(s.out_pad, s.h_q, s.d_v);
-  c.out_stored = c.out_view.offset + (c.total_q + kMhaGuardRows) * c.out_view.token_stride;
+  c.out_view = padded_view(s.out_pad, s.h_q, s.d_v);
+  c.out_stored = c.out_view.stored_elements(c.total_q);
   c.lse_stride = c.total_q + s.lse_pad;
   c.lse_stored = s.h_q * c.lse_stride + kLseGuard;
 
@@ -161,8 +190,8 @@ HostMhaPrefillCase make_mha_prefill_case(const MhaPrefillSpec& spec) {
   std::normal_distribution<float> normal(0.f, 1.f);
   for (int64_t t = 0; t < c.cu_q.back(); ++t) {
     for (int h = 0; h < s.h_q; ++h) {
-      uint16_t* row = qb + c.q_view.offset + t * c.q_view.token_stride + h * c.q_view.head_stride;
-      for (int d = 0; d < s.d_qk; ++d) row[d] = to_half(std::clamp(normal(rng), -3.f, 3.f), s.dtype);
+      uint16_t* row = qb + c.q_view.at(t, h, 0);
+      for (int d = 0; d < s.d_qk; ++d) row[d] = to_half_bits(std::clamp(normal(rng), -3.f, 3.f), s.dtype);
     }
   }
   for (size_t i = 0; i < s.lk.size(); ++i) {
@@ -171,10 +200,10 @@ HostMhaPrefillCase make_mha_prefill_case(const MhaPrefillSpec& spec) {
       const int64_t t = c.cu_k[i] + j;
       const float ramp = static_cast<float>(1.0 + s.key_ramp * static_cast<double>(j) / std::max<int64_t>(lk - 1, 1));
       for (int h = 0; h < s.h_kv; ++h) {
-        uint16_t* krow = kb + c.k_view.offset + t * c.k_view.token_stride + h * c.k_view.head_stride;
-        uint16_t* vrow = vb + c.v_view.offset + t * c.v_view.token_stride + h * c.v_view.head_stride;
-        for (int d = 0; d < s.d_qk; ++d) krow[d] = to_half(std::clamp(normal(rng), -3.f, 3.f) * ramp, s.dtype);
-        for (int d = 0; d < s.d_v; ++d) vrow[d] = to_half(std::clamp(normal(rng) * 0.1f, -1.f, 1.f), s.dtype);
+        uint16_t* krow = kb + c.k_view.at(t, h, 0);
+        uint16_t* vrow = vb + c.v_view.at(t, h, 0);
+        for (int d = 0; d < s.d_qk; ++d) krow[d] = to_half_bits(std::clamp(normal(rng), -3.f, 3.f) * ramp, s.dtype);
+        for (int d = 0; d < s.d_v; ++d) vrow[d] = to_half_bits(std::clamp(normal(rng) * 0.1f, -1.f, 1.f), s.dtype);
       }
     }
   }

@@ -48,16 +48,43 @@ struct MhaPrefillSpec {
   uint64_t seed = 1;
 };
 
+// Per-sequence query and key lengths of a varlen batch (b = lq.size() = lk.size()).
+struct MhaSequenceLengths {
+  std::vector<int32_t> lq, lk;
+};
+
+// A spec of the batch `lengths` with these heads, head dims, mask and seed (1 is the spec's
+// default); every other field keeps its default.
+MhaPrefillSpec mha_prefill_spec(const MhaSequenceLengths& lengths, int h_q, int h_kv, int d_qk, int d_v, bool causal,
+                                uint64_t seed = 1);
+
+// `b` short sequences drawn from `seed`: query lengths 0 to 90, each key length the query's
+// -10 to +40 (at least 0).
+MhaSequenceLengths random_short_sequences(int b, uint32_t seed);
+
 // Padding of every view (inputs, out, lse) that keeps 16-byte aligned rows.
 void pad_all_views(MhaPrefillSpec* spec);
 
 // One line naming the spec's fields (for failure messages).
 std::string describe(const MhaPrefillSpec& spec);
 
+// " <name>_pad=(offset,head_pad,token_pad)", or "" for a view without padding (describe's
+// words for one view).
+std::string describe_pad(const char* name, const MhaViewPad& pad);
+
+// (query, key) pairs of the batch where the query sees the key (bottom-right causal alignment).
+double visible_pairs(const MhaPrefillSpec& spec);
+
 // Float64 multiply-adds of the reference: h_q * (d_qk + d_v) * visible (query, key) pairs.
 double reference_macs(const MhaPrefillSpec& spec);
 
 inline constexpr int64_t kMhaGuardRows = 64;  // stored NaN / poison rows past each tensor
+
+// The NaN the cases store where no data is (bf16 0x7fc0, fp16 0x7e00), and 16-bit values of
+// the dtype as bits and back (rounded to nearest even).
+uint16_t half_nan_bits(DType dtype);
+uint16_t to_half_bits(float x, DType dtype);
+float from_half_bits(uint16_t bits, DType dtype);
 
 struct HostMhaPrefillCase {
   MhaPrefillSpec spec;
@@ -67,6 +94,10 @@ struct HostMhaPrefillCase {
   // View layouts in their buffers (packed_qkv: q, k and v all index `q`'s buffer).
   struct View {
     int64_t offset = 0, token_stride = 0, head_stride = 0;
+    // Where element (token t, head h, column d) is stored.
+    int64_t at(int64_t t, int h, int d) const { return offset + t * token_stride + h * head_stride + d; }
+    // Elements of a buffer holding `total` tokens and the kMhaGuardRows guard rows past them.
+    int64_t stored_elements(int64_t total) const { return offset + (total + kMhaGuardRows) * token_stride; }
   } q_view, k_view, v_view, out_view;
   int64_t lse_stride = 0;  // lse [h_q, total_q]: element (h, t) at h * lse_stride + t
   // Stored buffers (bf16 / fp16 bits); packed_qkv: q holds q, k and v, and k, v are empty.
@@ -74,7 +105,7 @@ struct HostMhaPrefillCase {
   int64_t out_stored = 0, lse_stored = 0;  // elements of the out / lse buffers to allocate
 
   int64_t b() const { return static_cast<int64_t>(spec.lq.size()); }
-  int64_t out_at(int64_t t, int h, int d) const { return out_view.offset + t * out_view.token_stride + h * out_view.head_stride + d; }
+  int64_t out_at(int64_t t, int h, int d) const { return out_view.at(t, h, d); }
   int64_t lse_at(int h, int64_t t) const { return h * lse_stride + t; }
   // Rows of out / lse that belong to a sequence: [0, cu_q[b]).
   int64_t rows_in_sequences() const { return cu_q.back(); }
@@ -83,6 +114,9 @@ struct HostMhaPrefillCase {
   MhaPrefillArgs args(void* q_buf, void* k_buf, void* v_buf, void* cu_q_buf, void* cu_k_buf, void* out_buf,
                       void* lse_buf) const;
 };
+
+// The layout of a [total, heads, d] view padded by `pad`.
+HostMhaPrefillCase::View padded_view(const MhaViewPad& pad, int heads, int d);
 
 HostMhaPrefillCase make_mha_prefill_case(const MhaPrefillSpec& spec);
 

@@ -3,13 +3,34 @@ backward: the float64 CPU reference on host arrays, the GPU kernels on device ar
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
 
 from . import _arrays as arrays
 from . import _checks as checks
 from . import _mlakit as _C
 
 KERNELS = ("auto", "portable", "sm90")
+
+
+class Varlen(NamedTuple):
+    """The checked arguments the forward and the backward share after q, k, v: the sequences
+    (cu_seqlens_q / cu_seqlens_k as given, the max lengths as ints) and the softmax options,
+    in the order of the public signatures and of the extension's entries."""
+
+    cu_seqlens_q: Any
+    cu_seqlens_k: Any
+    max_seqlen_q: int
+    max_seqlen_k: int
+    softmax_scale: Optional[float]
+    causal: bool
+
+    def sequences(self) -> Tuple[Any, Any, int, int]:
+        """What the extension's entries take after the input arrays (before the outputs)."""
+        return self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k
+
+    def softmax(self) -> Tuple[Optional[float], bool]:
+        """What they take after the outputs (and the workspace), before their own options."""
+        return self.softmax_scale, self.causal
 
 
 def mha_prefill(
@@ -46,18 +67,9 @@ def mha_prefill(
     run through ``torch.ops.mlakit.mha_prefill``, whose gradient is
     :func:`mha_prefill_backward`'s.
     """
-    op = "mha_prefill"
-    max_seqlen_q, max_seqlen_k, softmax_scale, causal = check_arguments(
-        op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel
-    )
-    if arrays.traced(q) or needs_grad(q, k, v):
-        import torch
-
-        from . import torch_ops  # noqa: F401  (registers the ops)
-
-        return torch.ops.mlakit.mha_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                            softmax_scale, causal, kernel)
-    return run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel)
+    varlen = check_arguments("mha_prefill", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale, causal, kernel)
+    return forward(q, k, v, varlen, kernel)
 
 
 def mha_prefill_backward(
@@ -93,12 +105,14 @@ def mha_prefill_backward(
     GPU kernels on the current stream, with a workspace allocated by the inputs' framework.
     """
     op = "mha_prefill_backward"
-    max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic = check_backward_arguments(
-        op, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-        deterministic, kernel,
-    )
-    return run_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        softmax_scale, causal, deterministic, kernel)
+    checks.array(op, "dout", dout, "[total_q, h_q, d_v]")
+    varlen = check_arguments(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                             causal, kernel)
+    checks.array(op, "out", out, "[total_q, h_q, d_v]")
+    checks.array(op, "lse", lse, "[h_q, total_q]")
+    deterministic = checks.flag(op, "deterministic", deterministic)
+    _check_where(op, q, (("dout", dout), ("out", out), ("lse", lse)))
+    return run_backward(dout, q, k, v, out, lse, varlen, deterministic, kernel)
 
 
 def check_arguments(
@@ -114,11 +128,11 @@ def check_arguments(
     causal: Any,
     kernel: Any = "auto",
     names: Tuple[str, str, str, str] = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
-) -> Tuple[int, int, Optional[float], bool]:
+) -> Varlen:
     """The argument checks of mha_prefill (what the output allocation and the extension's
     conversion rely on, and that every array is where q is), named after `op` and, for the
-    sequence arguments, `names` (the caller's parameter names); returns (max_seqlen_q,
-    max_seqlen_k, softmax_scale, causal). Everything else is the library's to check."""
+    sequence arguments, `names` (the caller's parameter names); returns the checked
+    :class:`Varlen`. Everything else is the library's to check."""
     cu_q_name, cu_k_name, max_q_name, max_k_name = names
     checks.array(op, "q", q, "[total_q, h_q, d_qk]")
     checks.array(op, "k", k, "[total_k, h_kv, d_qk]")
@@ -131,38 +145,7 @@ def check_arguments(
     causal = checks.flag(op, "causal", causal)
     checks.choice(op, "kernel", kernel, KERNELS)
     _check_where(op, q, (("k", k), ("v", v), (cu_q_name, cu_seqlens_q), (cu_k_name, cu_seqlens_k)))
-    return max_seqlen_q, max_seqlen_k, softmax_scale, causal
-
-
-def check_backward_arguments(
-    op: str,
-    dout: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    out: Any,
-    lse: Any,
-    cu_seqlens_q: Any,
-    cu_seqlens_k: Any,
-    max_seqlen_q: Any,
-    max_seqlen_k: Any,
-    softmax_scale: Any,
-    causal: Any,
-    deterministic: Any,
-    kernel: Any,
-) -> Tuple[int, int, Optional[float], bool, bool]:
-    """check_arguments plus the backward's own arrays (dout, out, lse: arrays of their rank,
-    where q is) and ``deterministic``; returns (max_seqlen_q, max_seqlen_k, softmax_scale,
-    causal, deterministic)."""
-    checks.array(op, "dout", dout, "[total_q, h_q, d_v]")
-    max_seqlen_q, max_seqlen_k, softmax_scale, causal = check_arguments(
-        op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel
-    )
-    checks.array(op, "out", out, "[total_q, h_q, d_v]")
-    checks.array(op, "lse", lse, "[h_q, total_q]")
-    deterministic = checks.flag(op, "deterministic", deterministic)
-    _check_where(op, q, (("dout", dout), ("out", out), ("lse", lse)))
-    return max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic
+    return Varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal)
 
 
 def _check_where(op: str, q: Any, named: Sequence[Tuple[str, Any]]) -> None:
@@ -194,54 +177,44 @@ def needs_grad(*xs: Any) -> bool:
     return torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in xs)
 
 
-def run(
-    q: Any,
-    k: Any,
-    v: Any,
-    cu_seqlens_q: Any,
-    cu_seqlens_k: Any,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: Optional[float],
-    causal: bool,
-    kernel: str,
-) -> Tuple[Any, Any]:
+def forward(q: Any, k: Any, v: Any, varlen: Varlen, kernel: str, deterministic: bool = False) -> Tuple[Any, Any]:
+    """mha_prefill on checked arguments: through ``torch.ops.mlakit.mha_prefill`` (which has
+    the backward, given ``deterministic``) when torch.compile traces the call or autograd
+    records it, else straight to :func:`run`."""
+    if arrays.traced(q) or needs_grad(q, k, v):
+        import torch
+
+        from . import torch_ops  # noqa: F401  (registers the ops)
+
+        return torch.ops.mlakit.mha_prefill(q, k, v, *varlen, kernel, deterministic)
+    return run(q, k, v, varlen, kernel)
+
+
+def run(q: Any, k: Any, v: Any, varlen: Varlen, kernel: str) -> Tuple[Any, Any]:
     """mha_prefill on checked arguments: allocates the outputs (rows in no sequence: 0 on the
     host, unwritten on the device) and runs the reference or the GPU kernels."""
     total_q, h_q = int(q.shape[0]), int(q.shape[1])
     out = _output(q, (total_q, h_q, int(v.shape[2])))
     lse = _output(q, (h_q, total_q), "float32")
     x = arrays.extension_view
-    args = (x(q), x(k), x(v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, x(out), lse)
-    _call("mha_prefill", q, args, (softmax_scale, causal), (softmax_scale, causal, kernel), _C.mha_prefill_reference,
+    args = (x(q), x(k), x(v), *varlen.sequences(), x(out), lse)
+    softmax = varlen.softmax()
+    _call("mha_prefill", q, args, softmax, (*softmax, kernel), _C.mha_prefill_reference,
           _C.mha_prefill_workspace_size, _C.mha_prefill)
     return out, lse
 
 
 def run_backward(
-    dout: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    out: Any,
-    lse: Any,
-    cu_seqlens_q: Any,
-    cu_seqlens_k: Any,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: Optional[float],
-    causal: bool,
-    deterministic: bool,
-    kernel: str,
+    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, varlen: Varlen, deterministic: bool, kernel: str
 ) -> Tuple[Any, Any, Any]:
     """mha_prefill_backward on checked arguments: allocates dq, dk, dv in q's dtype (rows in no
     sequence: 0 on the host, unwritten on the device) and runs the reference or the GPU
     kernels."""
     dq, dk, dv = (_output(q, tuple(int(n) for n in x.shape)) for x in (q, k, v))
     x = arrays.extension_view
-    args = (x(dout), x(q), x(k), x(v), x(out), lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, x(dq),
-            x(dk), x(dv))
-    _call("mha_prefill_backward", q, args, (softmax_scale, causal), (softmax_scale, causal, deterministic, kernel),
+    args = (x(dout), x(q), x(k), x(v), x(out), lse, *varlen.sequences(), x(dq), x(dk), x(dv))
+    softmax = varlen.softmax()
+    _call("mha_prefill_backward", q, args, softmax, (*softmax, deterministic, kernel),
           _C.mha_prefill_backward_reference, _C.mha_prefill_backward_workspace_size, _C.mha_prefill_backward)
     return dq, dk, dv
 

@@ -446,21 +446,11 @@ def _varlen(
             f"{op}: is_varlen: expected True (False is FlashMLA's fixed-length [b, s, h, d] layout, not supported by "
             "mlakit: pass the batch as sequences of equal length through cu_seqlens)"
         )
-    max_q, max_k, scale, causal = _mha_prefill.check_arguments(
+    varlen = _mha_prefill.check_arguments(
         op, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, softmax_scale, causal,
         names=_VARLEN_NAMES[op],
     )
-    # Through torch.ops.mlakit (mlakit.torch_ops) when compiled (one node of the graph) or when
-    # autograd records the call (the op has the backward); else straight to the extension.
-    if arrays.traced(q) or _mha_prefill.needs_grad(q, k, v):
-        import torch
-
-        from . import torch_ops  # noqa: F401  (registers the ops)
-
-        out, lse = torch.ops.mlakit.mha_prefill(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_q, max_k, scale, causal,
-                                                "auto", deterministic)
-    else:
-        out, lse = _mha_prefill.run(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_q, max_k, scale, causal, "auto")
+    out, lse = _mha_prefill.forward(q, k, v, varlen, "auto", deterministic)
     return out, lse.T  # FlashMLA's [total_q, h_q] view of the [h_q, total_q] buffer
 
 

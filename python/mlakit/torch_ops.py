@@ -243,65 +243,54 @@ def _(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, lse_base):
 # ---- dense MHA prefill ---------------------------------------------------------------------
 
 
-@torch.library.custom_op(f"{_NS}::mha_prefill", mutates_args=())
-def _mha_prefill_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: Optional[float],
-    causal: bool,
-    kernel_name: str = "auto",
-    deterministic: bool = False,
-) -> Tuple[Tensor, Tensor]:
-    """``kernel_name``: mlakit.mha_prefill's ``kernel``, 'auto', 'portable' or 'sm90' (CUDA
-    tensors; CPU tensors run the reference). Not called ``kernel``: Inductor's fallback for
-    custom ops takes a keyword of that name. Strided q / k / v (views of packed tensors) are
-    passed as they are. ``deterministic``: not read by the forward (deterministic anyway),
-    passed to the backward."""
-    op = "mha_prefill"
-    max_seqlen_q, max_seqlen_k, softmax_scale, causal = _mha_prefill.check_arguments(
-        op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel_name
+# The schemas are written out (those the annotations would give, int as SymInt) so that the
+# arguments both ops take after their arrays stand once. ``kernel_name``: mlakit.mha_prefill's ``kernel``, 'auto',
+# 'portable' or 'sm90' (CUDA tensors; CPU tensors run the reference). Not called ``kernel``:
+# Inductor's fallback for custom ops takes a keyword of that name.
+_VARLEN_SCHEMA = (
+    "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float? softmax_scale, "
+    "bool causal"
+)
+
+
+@torch.library.custom_op(
+    f"{_NS}::mha_prefill",
+    mutates_args=(),
+    schema=f'(Tensor q, Tensor k, Tensor v, {_VARLEN_SCHEMA}, str kernel_name="auto", bool deterministic=False) '
+    "-> (Tensor, Tensor)",
+)
+def _mha_prefill_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                    kernel_name="auto", deterministic=False):
+    """Strided q / k / v (views of packed tensors) are passed as they are. ``deterministic``:
+    not read by the forward (deterministic anyway), passed to the backward."""
+    varlen = _mha_prefill.check_arguments(
+        "mha_prefill", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+        kernel_name,
     )
-    return _mha_prefill.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                            kernel_name)
+    return _mha_prefill.run(q, k, v, varlen, kernel_name)
 
 
 @_mha_prefill_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, kernel_name="auto",
-      deterministic=False):
+def _(q, k, v, *_):
     total_q, h_q = q.shape[0], q.shape[1]
     return q.new_empty((total_q, h_q, v.shape[2])), q.new_empty((h_q, total_q), dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{_NS}::mha_prefill_backward", mutates_args=())
-def _mha_prefill_backward_op(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: Optional[float],
-    causal: bool,
-    deterministic: bool = False,
-    kernel_name: str = "auto",
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """mlakit.mha_prefill_backward -> (dq, dk, dv); ``kernel_name``: its ``kernel``."""
+@torch.library.custom_op(
+    f"{_NS}::mha_prefill_backward",
+    mutates_args=(),
+    schema=f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_VARLEN_SCHEMA}, "
+    'bool deterministic=False, str kernel_name="auto") -> (Tensor, Tensor, Tensor)',
+)
+def _mha_prefill_backward_op(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale, causal, deterministic=False, kernel_name="auto"):
+    """mlakit.mha_prefill_backward -> (dq, dk, dv)."""
     return _mha_prefill.mha_prefill_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                              max_seqlen_k, softmax_scale, causal, deterministic, kernel_name)
 
 
 @_mha_prefill_backward_op.register_fake
-def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      deterministic=False, kernel_name="auto"):
+def _(dout, q, k, v, *_):
     return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape)
 
 

@@ -20,32 +20,11 @@ namespace {
 
 using support::HostMhaBackwardCase;
 using support::MhaBackwardReference;
+using support::mha_backward_spec;
 using support::MhaBackwardSpec;
 using View = support::HostMhaPrefillCase::View;
 
 constexpr uint16_t kPoison = 0x7fc0;
-
-MhaBackwardSpec spec_of(std::vector<int32_t> lq, std::vector<int32_t> lk, int h_q, int h_kv, int d_qk, int d_v,
-                        bool causal, uint64_t seed) {
-  MhaBackwardSpec s;
-  s.problem.lq = std::move(lq);
-  s.problem.lk = std::move(lk);
-  s.problem.h_q = h_q;
-  s.problem.h_kv = h_kv;
-  s.problem.d_qk = d_qk;
-  s.problem.d_v = d_v;
-  s.problem.causal = causal;
-  s.problem.seed = seed;
-  return s;
-}
-
-float half_to_float(uint16_t h, DType dt) {
-  return dt == DType::kBF16 ? host::bf16_to_float(h) : host::fp16_to_float(h);
-}
-uint16_t float_to_half(float x, DType dt) {
-  return dt == DType::kBF16 ? host::float_to_bf16(x) : host::float_to_fp16(x);
-}
-int64_t at(const View& v, int64_t t, int h, int d) { return v.offset + t * v.token_stride + h * v.head_stride + d; }
 
 // What a correct GPU call leaves: the reference rounded to the dtype in the rows that must be
 // written, the poison everywhere else.
@@ -61,7 +40,7 @@ Call correct_call(const HostMhaBackwardCase& c, const MhaBackwardReference& ref)
                  const std::vector<float>& r) {
     for (int64_t t = 0; t < rows; ++t) {
       for (int h = 0; h < heads; ++h) {
-        for (int x = 0; x < d; ++x) buf[at(v, t, h, x)] = float_to_half(r[(t * heads + h) * d + x], s.dtype);
+        for (int x = 0; x < d; ++x) buf[v.at(t, h, x)] = support::to_half_bits(r[(t * heads + h) * d + x], s.dtype);
       }
     }
   };
@@ -92,7 +71,7 @@ bool all_finite(const std::vector<float>& v, int64_t to) {
 // Sequences: 3 x 5, queries without keys, keys without queries, causal Lq 6 > Lk 2 (rows 0..3
 // see nothing), 1 x 1; rows of no sequence on both sides.
 MhaBackwardSpec mixed_spec(bool padded, DType dtype) {
-  MhaBackwardSpec s = spec_of({3, 4, 0, 6, 1}, {5, 0, 3, 2, 1}, 4, 2, 64, 64, true, 11);
+  MhaBackwardSpec s = mha_backward_spec({{3, 4, 0, 6, 1}, {5, 0, 3, 2, 1}}, 4, 2, 64, 64, true, 11);
   s.problem.tail_q = 3;
   s.problem.tail_k = 2;
   s.problem.dtype = dtype;
@@ -112,18 +91,18 @@ TEST(MhaBackwardCase, InputsAreNanExactlyOutsideTheSequencesAndOutIsTheRoundedFo
   std::vector<bool> inside(c.dout.size(), false);
   for (int64_t t = 0; t < rows; ++t) {
     for (int h = 0; h < s.h_q; ++h) {
-      for (int d = 0; d < s.d_v; ++d) inside[at(c.dout_view, t, h, d)] = true;
+      for (int d = 0; d < s.d_v; ++d) inside[c.dout_view.at(t, h, d)] = true;
     }
   }
   for (size_t i = 0; i < c.dout.size(); ++i) {
-    ASSERT_EQ(std::isfinite(half_to_float(c.dout[i], s.dtype)), inside[i]) << "dout element " << i;
+    ASSERT_EQ(std::isfinite(support::from_half_bits(c.dout[i], s.dtype)), inside[i]) << "dout element " << i;
   }
   // out and lse: the reference forward's, rounded (out) and as float32 (lse).
   const support::MhaPrefillReference fwd = support::run_mha_prefill_reference(c.fwd);
   for (int64_t t = 0; t < c.fwd.total_q; ++t) {
     for (int h = 0; h < s.h_q; ++h) {
       for (int d = 0; d < s.d_v; ++d) {
-        const uint16_t want = t < rows ? float_to_half(fwd.out[(t * s.h_q + h) * s.d_v + d], s.dtype) : 0x7e00;
+        const uint16_t want = t < rows ? support::to_half_bits(fwd.out[(t * s.h_q + h) * s.d_v + d], s.dtype) : 0x7e00;
         ASSERT_EQ(c.out[c.fwd.out_at(t, h, d)], want) << "out row " << t;
       }
       const float lse = host::bits_to_float(c.lse[c.fwd.lse_at(h, t)]);
@@ -145,7 +124,7 @@ TEST(MhaBackwardCase, InputsAreNanExactlyOutsideTheSequencesAndOutIsTheRoundedFo
   const float scale = c.spec.v_scale;
   ASSERT_EQ(scale, 8.f);
   for (size_t i = 0; i < same.v.size(); ++i) {
-    const float x = half_to_float(same.v[i], s.dtype), y = half_to_float(c.fwd.v[i], s.dtype);
+    const float x = support::from_half_bits(same.v[i], s.dtype), y = support::from_half_bits(c.fwd.v[i], s.dtype);
     ASSERT_TRUE(std::isnan(x) ? std::isnan(y) : y == scale * x) << "v element " << i;
   }
   MhaBackwardSpec odd = c.spec;
@@ -180,10 +159,10 @@ TEST(MhaBackwardCase, CheckPassesTheRoundedReferenceInEveryLayout) {
     }
   }
   // q, k, v slices of one packed buffer, GQA 4, a head-dim pair with d_qk != d_v elsewhere.
-  MhaBackwardSpec packed = spec_of({70, 0, 33}, {70, 0, 33}, 8, 2, 128, 128, true, 12);
+  MhaBackwardSpec packed = mha_backward_spec({{70, 0, 33}, {70, 0, 33}}, 8, 2, 128, 128, true, 12);
   packed.problem.packed_qkv = true;
   packed.problem.tail_q = packed.problem.tail_k = 4;
-  MhaBackwardSpec wide = spec_of({40, 9}, {20, 70}, 4, 1, 192, 128, false, 13);
+  MhaBackwardSpec wide = mha_backward_spec({{40, 9}, {20, 70}}, 4, 1, 192, 128, false, 13);
   wide.problem.softmax_scale = 0.3f;
   wide.problem.key_ramp = 3;
   for (const MhaBackwardSpec& spec : {packed, wide}) {
@@ -207,18 +186,18 @@ TEST(MhaBackwardCase, CheckNamesEveryKindOfWrongCall) {
   };
   const Wrong wrongs[] = {
       {"a dq row of no sequence written",
-       [](const HostMhaBackwardCase& k, Call* x) { x->dq[at(k.dq_view, 15, 1, 3)] = 0; }, "in no sequence"},
+       [](const HostMhaBackwardCase& k, Call* x) { x->dq[k.dq_view.at(15, 1, 3)] = 0; }, "in no sequence"},
       {"dk padding written",
-       [](const HostMhaBackwardCase& k, Call* x) { x->dk[at(k.dk_view, 2, 0, 64)] = 0; }, "padding of row 2"},
+       [](const HostMhaBackwardCase& k, Call* x) { x->dk[k.dk_view.at(2, 0, 64)] = 0; }, "padding of row 2"},
       {"a dv guard row written",
-       [](const HostMhaBackwardCase& k, Call* x) { x->dv[at(k.dv_view, k.fwd.total_k + 3, 0, 0)] = 0; },
+       [](const HostMhaBackwardCase& k, Call* x) { x->dv[k.dv_view.at(k.fwd.total_k + 3, 0, 0)] = 0; },
        "guard row 3 past the tensor"},
       {"a dq element unwritten",
-       [](const HostMhaBackwardCase& k, Call* x) { x->dq[at(k.dq_view, 1, 2, 7)] = kPoison; }, "dq["},
+       [](const HostMhaBackwardCase& k, Call* x) { x->dq[k.dq_view.at(1, 2, 7)] = kPoison; }, "dq["},
       {"a dk element wrong",
        [](const HostMhaBackwardCase& k, Call* x) {
-         uint16_t& e = x->dk[at(k.dk_view, 0, 1, 5)];
-         e = float_to_half(half_to_float(e, DType::kBF16) * 1.5f + 0.01f, DType::kBF16);
+         uint16_t& e = x->dk[k.dk_view.at(0, 1, 5)];
+         e = support::to_half_bits(support::from_half_bits(e, DType::kBF16) * 1.5f + 0.01f, DType::kBF16);
        },
        "dk["},
       {"dv off by 1.2% everywhere",
@@ -226,18 +205,18 @@ TEST(MhaBackwardCase, CheckNamesEveryKindOfWrongCall) {
          for (int64_t t = 0; t < k.fwd.cu_k.back(); ++t) {
            for (int h = 0; h < k.fwd.spec.h_kv; ++h) {
              for (int d = 0; d < k.fwd.spec.d_v; ++d) {
-               uint16_t& e = x->dv[at(k.dv_view, t, h, d)];
-               e = float_to_half(half_to_float(e, DType::kBF16) * 1.012f, DType::kBF16);
+               uint16_t& e = x->dv[k.dv_view.at(t, h, d)];
+               e = support::to_half_bits(support::from_half_bits(e, DType::kBF16) * 1.012f, DType::kBF16);
              }
            }
          }
        },
        "cosine difference"},
       {"dq of a query that sees no key not 0",
-       [](const HostMhaBackwardCase& k, Call* x) { x->dq[at(k.dq_view, 8, 0, 0)] = 0x3a00; }, "must be exactly 0"},
+       [](const HostMhaBackwardCase& k, Call* x) { x->dq[k.dq_view.at(8, 0, 0)] = 0x3a00; }, "must be exactly 0"},
       {"dk of a key no query sees not 0",
-       [](const HostMhaBackwardCase& k, Call* x) { x->dk[at(k.dk_view, 6, 1, 1)] = 0x0001; }, "must be exactly 0"},
-      {"dv NaN", [](const HostMhaBackwardCase& k, Call* x) { x->dv[at(k.dv_view, 9, 0, 9)] = 0x7fc1; }, "dv["},
+       [](const HostMhaBackwardCase& k, Call* x) { x->dk[k.dk_view.at(6, 1, 1)] = 0x0001; }, "must be exactly 0"},
+      {"dv NaN", [](const HostMhaBackwardCase& k, Call* x) { x->dv[k.dv_view.at(9, 0, 9)] = 0x7fc1; }, "dv["},
   };
   for (const Wrong& w : wrongs) {
     SCOPED_TRACE(w.what);
@@ -248,12 +227,12 @@ TEST(MhaBackwardCase, CheckNamesEveryKindOfWrongCall) {
   }
   // -0 is a zero.
   Call signed_zero = good;
-  for (int d = 0; d < s.d_qk; ++d) signed_zero.dq[at(c.dq_view, 8, 0, d)] = 0x8000;
+  for (int d = 0; d < s.d_qk; ++d) signed_zero.dq[c.dq_view.at(8, 0, d)] = 0x8000;
   EXPECT_EQ(check(c, ref, signed_zero), "");
 }
 
 TEST(MhaBackwardCase, RecutKeepsTheBuffersAndPoisonsTheFreedRows) {
-  MhaBackwardSpec spec = spec_of({30, 20, 10}, {40, 20, 5}, 4, 2, 64, 64, true, 14);
+  MhaBackwardSpec spec = mha_backward_spec({{30, 20, 10}, {40, 20, 5}}, 4, 2, 64, 64, true, 14);
   spec.problem.tail_q = spec.problem.tail_k = 3;
   const HostMhaBackwardCase c = support::make_mha_backward_case(spec);
   const HostMhaBackwardCase r = support::recut_mha_backward_case(c, {10, 25, 5}, {20, 30, 0});
@@ -264,10 +243,10 @@ TEST(MhaBackwardCase, RecutKeepsTheBuffersAndPoisonsTheFreedRows) {
   EXPECT_EQ(r.fwd.cu_k, (std::vector<int32_t>{0, 20, 50, 50}));
   EXPECT_EQ(r.dout.size(), c.dout.size());
   EXPECT_EQ(r.out.size(), c.out.size());
-  EXPECT_TRUE(std::isnan(host::bf16_to_float(r.fwd.q[at(r.fwd.q_view, 45, 1, 0)])));
-  EXPECT_TRUE(std::isnan(host::bf16_to_float(r.fwd.k[at(r.fwd.k_view, 55, 0, 0)])));
-  EXPECT_TRUE(std::isnan(host::bf16_to_float(r.dout[at(r.dout_view, 40, 0, 0)])));
-  EXPECT_EQ(r.dout[at(r.dout_view, 39, 3, 63)], c.dout[at(c.dout_view, 39, 3, 63)]);
+  EXPECT_TRUE(std::isnan(host::bf16_to_float(r.fwd.q[r.fwd.q_view.at(45, 1, 0)])));
+  EXPECT_TRUE(std::isnan(host::bf16_to_float(r.fwd.k[r.fwd.k_view.at(55, 0, 0)])));
+  EXPECT_TRUE(std::isnan(host::bf16_to_float(r.dout[r.dout_view.at(40, 0, 0)])));
+  EXPECT_EQ(r.dout[r.dout_view.at(39, 3, 63)], c.dout[c.dout_view.at(39, 3, 63)]);
   const MhaBackwardReference ref = support::run_mha_backward_reference(r);
   EXPECT_EQ(check(r, ref, correct_call(r, ref)), "");
   // The old call's gradients do not pass the new lengths.
@@ -279,12 +258,12 @@ TEST(MhaBackwardCase, RecutKeepsTheBuffersAndPoisonsTheFreedRows) {
 
 TEST(MhaBackwardCase, EmptyProblems) {
   // total_q = 0: dk and dv of the keys inside sequences are 0; h_q = 0: likewise.
-  MhaBackwardSpec no_rows = spec_of({0, 0}, {5, 3}, 4, 2, 128, 128, false, 15);
+  MhaBackwardSpec no_rows = mha_backward_spec({{0, 0}, {5, 3}}, 4, 2, 128, 128, false, 15);
   no_rows.problem.tail_k = 2;
-  MhaBackwardSpec no_heads = spec_of({3, 4}, {3, 4}, 0, 1, 64, 64, true, 16);
+  MhaBackwardSpec no_heads = mha_backward_spec({{3, 4}, {3, 4}}, 0, 1, 64, 64, true, 16);
   no_heads.problem.q_pad.token_pad = no_heads.problem.out_pad.token_pad = 8;
   no_heads.dout_pad.token_pad = no_heads.dq_pad.token_pad = 8;
-  MhaBackwardSpec no_batch = spec_of({}, {}, 4, 2, 64, 64, true, 17);
+  MhaBackwardSpec no_batch = mha_backward_spec({{}, {}}, 4, 2, 64, 64, true, 17);
   no_batch.problem.tail_q = 5;
   no_batch.problem.tail_k = 4;
   for (const MhaBackwardSpec& spec : {no_rows, no_heads, no_batch}) {
@@ -295,7 +274,7 @@ TEST(MhaBackwardCase, EmptyProblems) {
     EXPECT_EQ(check(c, ref, good), "");
     if (c.fwd.cu_k.back() > 0) {
       Call unwritten = good;
-      unwritten.dk[at(c.dk_view, 0, 0, 0)] = kPoison;
+      unwritten.dk[c.dk_view.at(0, 0, 0)] = kPoison;
       EXPECT_NE(check(c, ref, unwritten), "");
     } else {
       EXPECT_EQ(check(c, ref, Call{std::vector<uint16_t>(c.dq_stored, kPoison),

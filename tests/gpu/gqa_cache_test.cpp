@@ -22,9 +22,7 @@
 namespace mlakit::testing {
 namespace {
 
-constexpr uint16_t kNan16 = 0x7fc0;  // NaN as bf16 and as fp16
-constexpr uint8_t kNan8 = 0x7f;      // NaN as fp8 e4m3 (127 as int8)
-constexpr uint32_t kNan32 = 0x7fc00000u;
+constexpr uint8_t kNan8 = 0x7f;  // NaN as fp8 e4m3 (127 as int8); kNan16, kNan32: gpu_test_util.h
 
 enum class Scales { kNone, kPerToken, kPerTensor };
 

@@ -31,10 +31,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <memory>
-#include <ostream>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -48,64 +45,30 @@ namespace mlakit::testing {
 namespace {
 
 using Spec = support::MhaBackwardSpec;
+using BackwardCase = NamedCase<Spec>;
+using support::backward_mode_name;
 using support::HostMhaBackwardCase;
+using support::mha_backward_spec;
 using support::MhaBackwardReference;
+using support::MhaSequenceLengths;
 using support::MhaViewPad;
 
-constexpr uint16_t kPoison16 = 0x7fc0;  // NaN as bf16 and as fp16
-constexpr int kCalls = 3;               // calls per case and mode
+constexpr uint16_t kPoison16 = kNan16;
+constexpr int kCalls = 3;  // calls per case and mode
 constexpr double kReferenceBudget = 2.5e10;
-constexpr float kPeakedVScale = 4.f;  // v of the cases with peaked softmax rows (MhaBackwardSpec)
-
-struct BackwardCase {
-  std::string name;
-  Spec spec;
-};
-
-void PrintTo(const BackwardCase& c, std::ostream* os) { *os << c.name; }
-
-struct Lengths {
-  std::vector<int32_t> lq, lk;
-};
 
 // Every kind of sequence in one batch, around the 32- and 64-row tiles: 1 x 1, 31 x 33 and
 // 33 x 31, an empty query sequence with keys (dk = dv = 0), queries without keys (dq = 0),
 // 63 x 65, 65 x 63, 64 x 64, 127 x 129, 129 x 127, 300 x 40 (causal: the first 260 rows see no
 // key) and 40 x 300.
-Lengths batch_a() {
+MhaSequenceLengths batch_a() {
   return {{1, 31, 33, 0, 5, 63, 65, 64, 127, 129, 300, 40}, {1, 33, 31, 7, 0, 65, 63, 64, 129, 127, 40, 300}};
 }
-Lengths batch_b() { return {{100, 0, 257, 33, 2}, {150, 40, 257, 0, 90}}; }
-Lengths batch_c() { return {{65, 1, 200}, {129, 300, 64}}; }
-
-Spec spec_of(const Lengths& l, int h_q, int h_kv, int d_qk, int d_v, bool causal) {
-  Spec s;
-  s.problem.lq = l.lq;
-  s.problem.lk = l.lk;
-  s.problem.h_q = h_q;
-  s.problem.h_kv = h_kv;
-  s.problem.d_qk = d_qk;
-  s.problem.d_v = d_v;
-  s.problem.causal = causal;
-  return s;
-}
+MhaSequenceLengths batch_b() { return {{100, 0, 257, 33, 2}, {150, 40, 257, 0, 90}}; }
+MhaSequenceLengths batch_c() { return {{65, 1, 200}, {129, 300, 64}}; }
 
 std::string dims_name(int d_qk, int d_v) { return "d" + std::to_string(d_qk) + "x" + std::to_string(d_v); }
 std::string causal_name(bool causal) { return causal ? "_causal" : "_noncausal"; }
-
-// Rows aligned to 4 bytes but not to 16 (every tensor of the call at once): the GPU entry must
-// take them.
-void align4_views(Spec* s) {
-  s->problem.q_pad = {.offset = 2, .head_pad = 2, .token_pad = 0};
-  s->problem.k_pad = {.offset = 0, .head_pad = 0, .token_pad = 2};
-  s->problem.v_pad = {.offset = 6, .head_pad = 2, .token_pad = 2};
-  s->problem.out_pad = {.offset = 2, .head_pad = 0, .token_pad = 2};
-  s->problem.lse_pad = 1;
-  s->dout_pad = {.offset = 0, .head_pad = 2, .token_pad = 0};
-  s->dq_pad = {.offset = 2, .head_pad = 0, .token_pad = 6};
-  s->dk_pad = {.offset = 4, .head_pad = 2, .token_pad = 2};
-  s->dv_pad = {.offset = 2, .head_pad = 2, .token_pad = 0};
-}
 
 std::vector<BackwardCase> sweep_cases() {
   std::vector<BackwardCase> cases;
@@ -120,7 +83,7 @@ std::vector<BackwardCase> sweep_cases() {
   for (const auto& dd : dims) {
     for (bool causal : {false, true}) {
       for (const auto& rh : ratio_heads) {
-        Spec s = spec_of(batch_a(), rh[1], rh[1] / rh[0], dd[0], dd[1], causal);
+        Spec s = mha_backward_spec(batch_a(), rh[1], rh[1] / rh[0], dd[0], dd[1], causal);
         s.problem.tail_q = 19;
         s.problem.tail_k = 23;
         add("varlen_" + dims_name(dd[0], dd[1]) + causal_name(causal) + "_gqa" + std::to_string(rh[0]), s);
@@ -128,56 +91,56 @@ std::vector<BackwardCase> sweep_cases() {
     }
   }
   // Long sequences: many key and query tiles, causal diagonal tiles deep in the sequence.
-  add("long_1000x1000_d128x128_noncausal_gqa2", spec_of({{1000}, {1000}}, 2, 1, 128, 128, false));
-  add("long_2048x2048_d64x64_causal_gqa2", spec_of({{2048}, {2048}}, 2, 1, 64, 64, true));
-  add("long_300x1500_d256x256_causal_gqa1", spec_of({{300}, {1500}}, 1, 1, 256, 256, true));
+  add("long_1000x1000_d128x128_noncausal_gqa2", mha_backward_spec({{1000}, {1000}}, 2, 1, 128, 128, false));
+  add("long_2048x2048_d64x64_causal_gqa2", mha_backward_spec({{2048}, {2048}}, 2, 1, 64, 64, true));
+  add("long_300x1500_d256x256_causal_gqa1", mha_backward_spec({{300}, {1500}}, 1, 1, 256, 256, true));
   // More work tiles than an H100 has SMs (132): tiles of different lengths, empty ones and
   // partial last tiles run in several waves.
   for (const auto& dd : dims) {
     const bool causal = dd[0] != 128;
-    Spec s = spec_of(batch_c(), 24, 6, dd[0], dd[1], causal);
+    Spec s = mha_backward_spec(batch_c(), 24, 6, dd[0], dd[1], causal);
     s.problem.tail_q = 3;
     s.problem.tail_k = 7;
     add("many_tiles_" + dims_name(dd[0], dd[1]) + causal_name(causal) + "_gqa4", s);
   }
   // Padded views of every tensor (16-byte rows kept).
   {
-    Spec s = spec_of(batch_b(), 8, 2, 128, 128, true);
+    Spec s = mha_backward_spec(batch_b(), 8, 2, 128, 128, true);
     support::pad_all_views(&s);
     s.problem.tail_q = 37;
     s.problem.tail_k = 50;
     add("padded_d128x128_causal_gqa4", s);
-    s = spec_of(batch_c(), 4, 4, 256, 256, false);
+    s = mha_backward_spec(batch_c(), 4, 4, 256, 256, false);
     support::pad_all_views(&s);
     s.problem.tail_q = 5;
     add("padded_d256x256_noncausal_gqa1", s);
-    s = spec_of(batch_c(), 8, 1, 192, 128, true);
+    s = mha_backward_spec(batch_c(), 8, 1, 192, 128, true);
     support::pad_all_views(&s);
     s.problem.tail_k = 9;
     add("padded_d192x128_causal_gqa8", s);
   }
   // Rows aligned to 4 bytes only, every tensor.
   {
-    Spec s = spec_of(batch_b(), 4, 1, 64, 64, true);
-    align4_views(&s);
+    Spec s = mha_backward_spec(batch_b(), 4, 1, 64, 64, true);
+    support::align4_all_views(&s);
     s.problem.tail_q = s.problem.tail_k = 3;
     add("align4_d64x64_causal_gqa4", s);
-    s = spec_of(batch_c(), 4, 2, 192, 128, false);
-    align4_views(&s);
+    s = mha_backward_spec(batch_c(), 4, 2, 192, 128, false);
+    support::align4_all_views(&s);
     s.problem.dtype = DType::kFP16;
     add("align4_fp16_d192x128_noncausal_gqa2", s);
   }
   // q, k, v as slices of one packed [total, h_q + 2 h_kv, d] qkv buffer.
   {
-    Spec s = spec_of({{100, 0, 257, 1, 64}, {100, 0, 257, 1, 64}}, 8, 2, 64, 64, true);
+    Spec s = mha_backward_spec({{100, 0, 257, 1, 64}, {100, 0, 257, 1, 64}}, 8, 2, 64, 64, true);
     s.problem.packed_qkv = true;
     s.problem.tail_q = s.problem.tail_k = 11;
     add("packed_qkv_d64x64_causal_gqa4", s);
-    s = spec_of({{129, 300}, {129, 300}}, 4, 4, 128, 128, false);
+    s = mha_backward_spec({{129, 300}, {129, 300}}, 4, 4, 128, 128, false);
     s.problem.packed_qkv = true;
     s.problem.tail_q = s.problem.tail_k = 5;
     add("packed_qkv_d128x128_noncausal_gqa1", s);
-    s = spec_of({{200, 77}, {200, 77}}, 2, 1, 256, 256, true);
+    s = mha_backward_spec({{200, 77}, {200, 77}}, 2, 1, 256, 256, true);
     s.problem.packed_qkv = true;
     s.problem.tail_q = s.problem.tail_k = 3;
     add("packed_qkv_d256x256_causal_gqa2", s);
@@ -186,76 +149,69 @@ std::vector<BackwardCase> sweep_cases() {
   // put large dS on few keys: a smaller v keeps the 16-bit rounding of dS that tensor-core
   // kernels do within abs 1e-3 (MhaBackwardSpec).
   {
-    Spec s = spec_of(batch_b(), 8, 2, 192, 128, true);
+    Spec s = mha_backward_spec(batch_b(), 8, 2, 192, 128, true);
     s.problem.softmax_scale = 0.5f;
     s.problem.key_ramp = 3;
     s.problem.tail_q = 4;
-    s.v_scale = kPeakedVScale;
+    s.v_scale = support::kPeakedRowsVScale;
     add("scale_peaked_ramp_d192x128_causal_gqa4", s);
-    s = spec_of(batch_c(), 4, 4, 64, 64, false);
+    s = mha_backward_spec(batch_c(), 4, 4, 64, 64, false);
     s.problem.softmax_scale = 0.001f;
     add("scale_flat_d64x64_noncausal_gqa1", s);
-    s = spec_of(batch_a(), 8, 1, 128, 128, false);
+    s = mha_backward_spec(batch_a(), 8, 1, 128, 128, false);
     s.problem.key_ramp = 4;
-    s.v_scale = kPeakedVScale;
+    s.v_scale = support::kPeakedRowsVScale;
     add("ramp_d128x128_noncausal_gqa8", s);
   }
   // fp16.
   {
-    Spec s = spec_of(batch_b(), 8, 2, 128, 128, true);
+    Spec s = mha_backward_spec(batch_b(), 8, 2, 128, 128, true);
     s.problem.dtype = DType::kFP16;
     support::pad_all_views(&s);
     s.problem.tail_q = 6;
     s.problem.tail_k = 6;
     add("fp16_padded_d128x128_causal_gqa4", s);
-    s = spec_of(batch_a(), 4, 4, 64, 64, false);
+    s = mha_backward_spec(batch_a(), 4, 4, 64, 64, false);
     s.problem.dtype = DType::kFP16;
     add("fp16_d64x64_noncausal_gqa1", s);
-    s = spec_of(batch_c(), 8, 1, 256, 256, true);
+    s = mha_backward_spec(batch_c(), 8, 1, 256, 256, true);
     s.problem.dtype = DType::kFP16;
     s.problem.tail_k = 2;
     add("fp16_d256x256_causal_gqa8", s);
-    s = spec_of(batch_c(), 4, 4, 192, 128, false);
+    s = mha_backward_spec(batch_c(), 4, 4, 192, 128, false);
     s.problem.dtype = DType::kFP16;
     s.problem.softmax_scale = 0.3f;
     add("fp16_scale_d192x128_noncausal_gqa1", s);
   }
   // Edges of the batch.
   {
-    Spec s = spec_of({{0, 0, 0}, {10, 0, 64}}, 4, 2, 128, 128, true);
+    Spec s = mha_backward_spec({{0, 0, 0}, {10, 0, 64}}, 4, 2, 128, 128, true);
     s.problem.tail_q = 40;
     s.problem.tail_k = 7;
     add("only_empty_query_sequences_d128x128_causal", s);  // dq: nothing; dk, dv: all 0
-    s = spec_of({{70, 129}, {0, 0}}, 4, 1, 128, 128, true);
+    s = mha_backward_spec({{70, 129}, {0, 0}}, 4, 1, 128, 128, true);
     s.problem.tail_k = 13;  // every k / v row is NaN
     add("no_keys_d128x128_causal_gqa4", s);  // dq all 0
-    s = spec_of({{70, 5}, {0, 0}}, 8, 2, 256, 256, true);
+    s = mha_backward_spec({{70, 5}, {0, 0}}, 8, 2, 256, 256, true);
     add("no_key_rows_at_all_d256x256_causal_gqa4", s);  // total_k = 0: dk and dv have no rows
-    s = spec_of(batch_c(), 8, 2, 128, 128, true);
+    s = mha_backward_spec(batch_c(), 8, 2, 128, 128, true);
     s.problem.max_seqlen_slack = 200;  // the grid sized for longer sequences than there are
     add("max_seqlen_slack_d128x128_causal_gqa4", s);
-    s = spec_of({{1, 1, 1, 1}, {3, 2000, 129, 0}}, 16, 2, 128, 128, true);
+    s = mha_backward_spec({{1, 1, 1, 1}, {3, 2000, 129, 0}}, 16, 2, 128, 128, true);
     add("single_queries_d128x128_causal_gqa8", s);
-    s = spec_of({{2000, 300}, {2, 299}}, 8, 1, 64, 64, true);
+    s = mha_backward_spec({{2000, 300}, {2, 299}}, 8, 1, 64, 64, true);
     add("lq_above_lk_d64x64_causal_gqa8", s);  // 1998 + 1 rows that see no key
-    s = spec_of(batch_c(), 1, 1, 256, 256, true);
+    s = mha_backward_spec(batch_c(), 1, 1, 256, 256, true);
     s.problem.tail_q = 1;
     add("one_head_d256x256_causal", s);
-    s = spec_of({{17, 130}, {200, 130}}, 64, 8, 64, 64, true);
+    s = mha_backward_spec({{17, 130}, {200, 130}}, 64, 8, 64, 64, true);
     add("many_heads_d64x64_causal_gqa8", s);
-    s = spec_of({{1}, {3}}, 2, 2, 192, 128, false);
+    s = mha_backward_spec({{1}, {3}}, 2, 2, 192, 128, false);
     add("one_row_d192x128", s);
   }
   // Many short sequences (b = 40, lengths 0 to 90).
   {
-    std::mt19937 rng(7);
-    Lengths l;
-    for (int i = 0; i < 40; ++i) {
-      const int q = static_cast<int>(rng() % 91);
-      l.lq.push_back(q);
-      l.lk.push_back(std::max(0, q + static_cast<int>(rng() % 51) - 10));
-    }
-    Spec s = spec_of(l, 4, 2, 128, 128, true);
+    Spec s = mha_backward_spec(support::random_short_sequences(40, 7), 4, 2, 128, 128, true);
     s.problem.tail_q = 1;
     s.problem.tail_k = 1;
     add("many_sequences_d128x128_causal_gqa2", s);
@@ -267,69 +223,17 @@ std::vector<BackwardCase> sweep_cases() {
 }
 
 // A case's inputs and reference, built once for its four runs.
-struct Prepared {
-  HostMhaBackwardCase c;
-  MhaBackwardReference ref;
-};
-
-const Prepared& prepared(const BackwardCase& bc) {
-  static std::map<std::string, std::unique_ptr<Prepared>> cache;
-  std::unique_ptr<Prepared>& slot = cache[bc.name];
-  if (!slot) {
-    auto p = std::make_unique<Prepared>();
-    p->c = support::make_mha_backward_case(bc.spec);
-    p->ref = support::run_mha_backward_reference(p->c);
-    slot = std::move(p);
-  }
-  return *slot;
-}
-
-// A device copy of `host` (an empty vector, e.g. k and v of a packed qkv case: a 1-byte
-// allocation and no copy).
-template <typename T>
-DeviceBuffer to_device(const std::vector<T>& host) {
-  return host.empty() ? DeviceBuffer(0) : DeviceBuffer(host);
-}
-
-const char* mode_name(bool deterministic) { return deterministic ? "deterministic" : "default"; }
-const char* kernel_name(MlaKernel k) {
-  return k == MlaKernel::kAuto ? "auto" : k == MlaKernel::kPortable ? "portable" : "sm90";
+const auto& prepared(const BackwardCase& bc) {
+  return prepared_once(
+      bc.name, [&] { return support::make_mha_backward_case(bc.spec); },
+      [](const HostMhaBackwardCase& c) { return support::run_mha_backward_reference(c); });
 }
 
 // A case's device copy: inputs, poisoned gradients, a workspace of the size the query returns.
-struct DeviceBackwardCase {
-  DeviceBuffer q, k, v, cu_q, cu_k, dout, out, lse, dq, dk, dv, workspace;
-  MhaPrefillBackwardArgs args;
-
+struct DeviceBackwardCase : DeviceMhaBackwardCase {
   DeviceBackwardCase(const HostMhaBackwardCase& c, bool deterministic, MlaKernel kernel)
-      : q(to_device(c.fwd.q)),
-        k(to_device(c.fwd.k)),
-        v(to_device(c.fwd.v)),
-        cu_q(to_device(c.fwd.cu_q)),
-        cu_k(to_device(c.fwd.cu_k)),
-        dout(to_device(c.dout)),
-        out(to_device(c.out)),
-        lse(to_device(c.lse)),
-        dq(c.dq_stored * 2),
-        dk(c.dk_stored * 2),
-        dv(c.dv_stored * 2) {
-    args = c.args({.q = q.get(),
-                   .k = k.get(),
-                   .v = v.get(),
-                   .cu_q = cu_q.get(),
-                   .cu_k = cu_k.get(),
-                   .dout = dout.get(),
-                   .out = out.get(),
-                   .lse = lse.get(),
-                   .dq = dq.get(),
-                   .dk = dk.get(),
-                   .dv = dv.get()});
-    args.deterministic = deterministic;
-    args.kernel = kernel;
-    std::size_t bytes = 0;
-    const Status s = mha_prefill_backward_workspace_size(args, &bytes);
-    if (!s) throw std::runtime_error(s.to_string());
-    workspace = DeviceBuffer(bytes);
+      : DeviceMhaBackwardCase(c, deterministic, kernel) {
+    if (const Status s = allocate_workspace(); !s) throw std::runtime_error(s.to_string());
     poison();
   }
   // NaN in every gradient element, 0xFF in every workspace byte; synchronised, so that a launch
@@ -340,20 +244,6 @@ struct DeviceBackwardCase {
     dv.fill16(kPoison16);
     workspace.fill_bytes(0xFF);
     if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("poison: cudaDeviceSynchronize failed");
-  }
-  // The inputs of another cut of the same buffers (recut_mha_backward_case).
-  void upload_inputs(const HostMhaBackwardCase& c) {
-    q.upload(c.fwd.q.data(), c.fwd.q.size() * 2);
-    if (!c.fwd.k.empty()) k.upload(c.fwd.k.data(), c.fwd.k.size() * 2);
-    if (!c.fwd.v.empty()) v.upload(c.fwd.v.data(), c.fwd.v.size() * 2);
-    cu_q.upload(c.fwd.cu_q.data(), c.fwd.cu_q.size() * 4);
-    cu_k.upload(c.fwd.cu_k.data(), c.fwd.cu_k.size() * 4);
-    dout.upload(c.dout.data(), c.dout.size() * 2);
-    out.upload(c.out.data(), c.out.size() * 2);
-    lse.upload(c.lse.data(), c.lse.size() * 4);
-  }
-  Status launch(cudaStream_t stream = nullptr) {
-    return mha_prefill_backward(args, workspace.get(), workspace.bytes(), stream);
   }
   struct Grads {
     std::vector<uint16_t> dq, dk, dv;
@@ -368,29 +258,20 @@ std::string check_grads(const HostMhaBackwardCase& c, const MhaBackwardReference
   return support::check_mha_backward_outputs(c, ref, g.dq, g.dk, g.dv, kPoison16);
 }
 
-std::string difference(const std::vector<uint16_t>& got, const std::vector<uint16_t>& first, const char* name) {
-  int64_t n = 0, at = -1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] == first[i]) continue;
-    if (at < 0) at = static_cast<int64_t>(i);
-    ++n;
-  }
-  if (n == 0) return "";
-  return std::string(name) + " differs from call 0 in " + std::to_string(n) + " elements, first at buffer element " +
-         std::to_string(at) + "; ";
-}
-
+// Where `got` differs from call 0's `first`, each differing gradient followed by "; ".
 std::string differences(const Grads& got, const Grads& first) {
-  return difference(got.dq, first.dq, "dq") + difference(got.dk, first.dk, "dk") + difference(got.dv, first.dv, "dv");
+  std::string text;
+  auto add = [&](const std::vector<uint16_t>& g, const std::vector<uint16_t>& f, const char* name) {
+    if (const std::string d = difference_from_call0(g, f, name); !d.empty()) text += d + "; ";
+  };
+  add(got.dq, first.dq, "dq");
+  add(got.dk, first.dk, "dk");
+  add(got.dv, first.dv, "dv");
+  return text;
 }
 
 bool all_poisoned(const DeviceBackwardCase& d) {
-  for (const DeviceBuffer* b : {&d.dq, &d.dk, &d.dv}) {
-    for (uint16_t x : b->download<uint16_t>()) {
-      if (x != kPoison16) return false;
-    }
-  }
-  return true;
+  return holds_only(d.dq, kPoison16) && holds_only(d.dk, kPoison16) && holds_only(d.dv, kPoison16);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -403,9 +284,9 @@ class MhaPrefillBackwardSweep : public ::testing::TestWithParam<SweepParam> {};
 TEST_P(MhaPrefillBackwardSweep, MatchesReferenceAndDeterministicModeRepeatsBitwise) {
   MLAKIT_SKIP_WITHOUT_GPU();
   const auto& [bc, deterministic, kernel] = GetParam();
-  const Prepared& p = prepared(bc);
+  const auto& p = prepared(bc);
   const std::string what =
-      support::describe(bc.spec) + ", " + mode_name(deterministic) + " mode, kernel " + kernel_name(kernel);
+      support::describe(bc.spec) + ", " + backward_mode_name(deterministic) + " mode, kernel " + kernel_name(kernel);
 
   DeviceBackwardCase d(p.c, deterministic, kernel);
   Grads first;
@@ -430,16 +311,13 @@ INSTANTIATE_TEST_SUITE_P(Sweep, MhaPrefillBackwardSweep,
                          ::testing::Combine(::testing::ValuesIn(sweep_cases()), ::testing::Bool(),
                                             ::testing::Values(MlaKernel::kAuto, MlaKernel::kPortable)),
                          [](const ::testing::TestParamInfo<SweepParam>& info) {
-                           return std::get<0>(info.param).name + "_" + mode_name(std::get<1>(info.param)) + "_" +
-                                  kernel_name(std::get<2>(info.param));
+                           return std::get<0>(info.param).name + "_" + backward_mode_name(std::get<1>(info.param)) +
+                                  "_" + kernel_name(std::get<2>(info.param));
                          });
 
 // The float64 work of the sweep stays bounded (the references run once per case).
 TEST(MhaPrefillBackwardGpuCases, ReferenceCostIsBounded) {
-  double total = 0;
-  for (const BackwardCase& c : sweep_cases()) total += support::backward_reference_macs(c.spec);
-  std::printf("[mha prefill backward] sweep reference: %.3g float64 multiply-adds over %zu cases\n", total,
-              sweep_cases().size());
+  const double total = sweep_reference_macs("mha prefill backward", sweep_cases(), support::backward_reference_macs);
   EXPECT_LE(total, kReferenceBudget);
 }
 
@@ -448,7 +326,7 @@ TEST(MhaPrefillBackwardGpuCases, ReferenceCostIsBounded) {
 
 TEST(MhaPrefillBackwardGpu, GraphReplayFollowsNewLengthsInTheSameBuffers) {
   MLAKIT_SKIP_WITHOUT_GPU();
-  Spec spec = spec_of({{100, 50, 30}, {120, 60, 30}}, 8, 2, 128, 128, true);
+  Spec spec = mha_backward_spec({{100, 50, 30}, {120, 60, 30}}, 8, 2, 128, 128, true);
   spec.problem.tail_q = spec.problem.tail_k = 10;
   spec.problem.seed = 31;
   const HostMhaBackwardCase c = support::make_mha_backward_case(spec);
@@ -461,9 +339,9 @@ TEST(MhaPrefillBackwardGpu, GraphReplayFollowsNewLengthsInTheSameBuffers) {
   MLAKIT_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   for (bool deterministic : {false, true}) {
-    SCOPED_TRACE(mode_name(deterministic));
+    SCOPED_TRACE(backward_mode_name(deterministic));
     DeviceBackwardCase d(c, deterministic, MlaKernel::kAuto);
-    Status st = d.launch(stream);
+    const Status st = d.launch(stream);
     ASSERT_TRUE(st) << st.to_string();
     MLAKIT_ASSERT_CUDA(cudaStreamSynchronize(stream));
     const Grads eager = d.download();
@@ -472,16 +350,12 @@ TEST(MhaPrefillBackwardGpu, GraphReplayFollowsNewLengthsInTheSameBuffers) {
       ASSERT_TRUE(bad.empty()) << "eager: " << bad;
     }
 
-    cudaGraph_t graph;
-    MLAKIT_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    st = d.launch(stream);
-    MLAKIT_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
-    ASSERT_TRUE(st) << "captured: " << st.to_string();
-    cudaGraphExec_t exec;
-    MLAKIT_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    const CapturedGraph graph(stream, [&] { return d.launch(stream); });
+    MLAKIT_ASSERT_CUDA(graph.error());
+    ASSERT_TRUE(graph.call_status()) << "captured: " << graph.call_status().to_string();
     for (int replay = 0; replay < 2; ++replay) {
       d.poison();
-      MLAKIT_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+      MLAKIT_ASSERT_CUDA(cudaGraphLaunch(graph.exec(), stream));
       MLAKIT_ASSERT_CUDA(cudaStreamSynchronize(stream));
       const Grads got = d.download();
       if (deterministic) {
@@ -496,7 +370,7 @@ TEST(MhaPrefillBackwardGpu, GraphReplayFollowsNewLengthsInTheSameBuffers) {
     Grads first_next;
     for (int replay = 0; replay < 2; ++replay) {
       d.poison();
-      MLAKIT_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+      MLAKIT_ASSERT_CUDA(cudaGraphLaunch(graph.exec(), stream));
       MLAKIT_ASSERT_CUDA(cudaStreamSynchronize(stream));
       Grads got = d.download();
       if (replay == 1 && deterministic) {
@@ -507,8 +381,6 @@ TEST(MhaPrefillBackwardGpu, GraphReplayFollowsNewLengthsInTheSameBuffers) {
       EXPECT_TRUE(bad.empty()) << "after new lengths, replay " << replay << ": " << bad;
       if (replay == 0) first_next = std::move(got);
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   }
   cudaStreamDestroy(stream);
 }
@@ -517,23 +389,11 @@ TEST(MhaPrefillBackwardGpu, GraphReplayFollowsNewLengthsInTheSameBuffers) {
 // Validation of the device path.
 
 Spec small_spec(uint64_t seed) {
-  Spec s = spec_of({{5, 9, 70}, {7, 9, 64}}, 4, 2, 64, 64, true);
+  Spec s = mha_backward_spec({{5, 9, 70}, {7, 9, 64}}, 4, 2, 64, 64, true);
   s.problem.tail_q = 3;
   s.problem.tail_k = 2;
   s.problem.seed = seed;
   return s;
-}
-
-// True when `message` names `name` as a word ("q:", "q.stride[1]", "(q)", "q rows", ...).
-bool names_argument(const std::string& message, const std::string& name) {
-  const std::string after = ":.[), ";
-  for (size_t at = message.find(name); at != std::string::npos; at = message.find(name, at + 1)) {
-    const bool starts = at == 0 || message[at - 1] == ' ' || message[at - 1] == '(';
-    const size_t end = at + name.size();
-    const bool ends = end == message.size() || after.find(message[end]) != std::string::npos;
-    if (starts && ends) return true;
-  }
-  return false;
 }
 
 TEST(MhaPrefillBackwardValidation, HostPointersAreNamed) {
@@ -541,19 +401,12 @@ TEST(MhaPrefillBackwardValidation, HostPointersAreNamed) {
   const HostMhaBackwardCase c = support::make_mha_backward_case(small_spec(41));
   DeviceBackwardCase d(c, /*deterministic=*/false, MlaKernel::kAuto);
   std::vector<uint16_t> host_dq(c.dq_stored), host_dk(c.dk_stored), host_dv(c.dv_stored);
-  auto in = [](const auto& v) { return const_cast<void*>(static_cast<const void*>(v.data())); };
   // The same layouts over host memory (as aligned as the device buffers' rows need).
-  const MhaPrefillBackwardArgs h = c.args({.q = in(c.fwd.q),
-                                           .k = in(c.fwd.k),
-                                           .v = in(c.fwd.v),
-                                           .cu_q = in(c.fwd.cu_q),
-                                           .cu_k = in(c.fwd.cu_k),
-                                           .dout = in(c.dout),
-                                           .out = in(c.out),
-                                           .lse = in(c.lse),
-                                           .dq = host_dq.data(),
-                                           .dk = host_dk.data(),
-                                           .dv = host_dv.data()});
+  HostMhaBackwardCase::Buffers host = c.host_inputs();
+  host.dq = host_dq.data();
+  host.dk = host_dk.data();
+  host.dv = host_dv.data();
+  const MhaPrefillBackwardArgs h = c.args(host);
   const std::pair<const char*, TensorRef MhaPrefillBackwardArgs::*> tensors[] = {
       {"dout", &MhaPrefillBackwardArgs::dout},
       {"q", &MhaPrefillBackwardArgs::q},
@@ -589,12 +442,12 @@ TEST(MhaPrefillBackwardValidation, WorkspaceAndOptions) {
   const HostMhaBackwardCase c = support::make_mha_backward_case(small_spec(42));
   const MhaBackwardReference ref = support::run_mha_backward_reference(c);
   for (bool deterministic : {false, true}) {
-    SCOPED_TRACE(mode_name(deterministic));
+    SCOPED_TRACE(backward_mode_name(deterministic));
     DeviceBackwardCase d(c, deterministic, MlaKernel::kAuto);
 
     Status s = mha_prefill_backward_workspace_size(d.args, nullptr);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-    EXPECT_TRUE(names_argument(s.message(), "bytes")) << s.message();
+    EXPECT_TRUE(message_names_argument(s.message(), "bytes")) << s.message();
     std::size_t bytes = 12345;
     ASSERT_TRUE(mha_prefill_backward_workspace_size(d.args, &bytes));
     EXPECT_EQ(bytes, d.workspace.bytes());
@@ -617,17 +470,17 @@ TEST(MhaPrefillBackwardValidation, WorkspaceAndOptions) {
 
     s = mha_prefill_backward(d.args, d.workspace.get(), bytes - 1, nullptr);
     EXPECT_EQ(s.code(), StatusCode::kWorkspaceTooSmall) << s.to_string();
-    EXPECT_TRUE(names_argument(s.message(), "workspace_bytes")) << s.message();
+    EXPECT_TRUE(message_names_argument(s.message(), "workspace_bytes")) << s.message();
     s = mha_prefill_backward(d.args, d.workspace.get(), 0, nullptr);
     EXPECT_EQ(s.code(), StatusCode::kWorkspaceTooSmall) << s.to_string();
     s = mha_prefill_backward(d.args, nullptr, bytes, nullptr);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-    EXPECT_TRUE(names_argument(s.message(), "workspace")) << s.message();
+    EXPECT_TRUE(message_names_argument(s.message(), "workspace")) << s.message();
     {
       DeviceBuffer larger(bytes + 256);
       s = mha_prefill_backward(d.args, static_cast<char*>(larger.get()) + 16, bytes, nullptr);
       EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "misaligned workspace: " << s.to_string();
-      EXPECT_TRUE(names_argument(s.message(), "workspace")) << s.message();
+      EXPECT_TRUE(message_names_argument(s.message(), "workspace")) << s.message();
     }
 
     // Rejected options: nothing runs.
@@ -637,24 +490,24 @@ TEST(MhaPrefillBackwardValidation, WorkspaceAndOptions) {
       a.softmax_scale = scale;
       s = mha_prefill_backward(a, d.workspace.get(), bytes, nullptr);
       EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-      EXPECT_TRUE(names_argument(s.message(), "softmax_scale")) << s.message();
+      EXPECT_TRUE(message_names_argument(s.message(), "softmax_scale")) << s.message();
     }
     a = d.args;
     a.kernel = static_cast<MlaKernel>(7);
     s = mha_prefill_backward(a, d.workspace.get(), bytes, nullptr);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-    EXPECT_TRUE(names_argument(s.message(), "kernel")) << s.message();
+    EXPECT_TRUE(message_names_argument(s.message(), "kernel")) << s.message();
     std::size_t unused = 0;
     s = mha_prefill_backward_workspace_size(a, &unused);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "size query, kernel 7: " << s.to_string();
     a.kernel = MlaKernel::kSm90;  // no Hopper backward kernel yet, on any GPU
     s = mha_prefill_backward(a, d.workspace.get(), d.workspace.bytes(), nullptr);
     EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
-    EXPECT_TRUE(names_argument(s.message(), "kernel")) << s.message();
+    EXPECT_TRUE(message_names_argument(s.message(), "kernel")) << s.message();
     a.lse = TensorRef{};
     s = mha_prefill_backward(a, d.workspace.get(), d.workspace.bytes(), nullptr);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "no lse: " << s.to_string();
-    EXPECT_TRUE(names_argument(s.message(), "lse")) << s.message();
+    EXPECT_TRUE(message_names_argument(s.message(), "lse")) << s.message();
     MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
     EXPECT_TRUE(all_poisoned(d)) << "a rejected call wrote a gradient";
 
@@ -699,7 +552,7 @@ TEST(MhaPrefillBackwardValidation, RowAlignmentIsCheckedPerTensor) {
         const Status s = d.launch();
         MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
         EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << kernel_name(kernel) << ": " << s.to_string();
-        EXPECT_TRUE(names_argument(s.message(), target.tensor)) << "the tensor is not named: " << s.message();
+        EXPECT_TRUE(message_names_argument(s.message(), target.tensor)) << "the tensor is not named: " << s.message();
         EXPECT_NE(s.message().find("align"), std::string::npos) << "the reason is not named: " << s.message();
         EXPECT_TRUE(all_poisoned(d)) << "a rejected call wrote a gradient";
       }
@@ -717,7 +570,7 @@ TEST(MhaPrefillBackwardValidation, RowAlignmentIsCheckedPerTensor) {
         ASSERT_TRUE(s) << kernel_name(kernel) << ": " << s.to_string();
         MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
         const std::string bad = check_grads(c, ref, d.download());
-        EXPECT_TRUE(bad.empty()) << mode_name(deterministic) << ", " << kernel_name(kernel) << ": " << bad;
+        EXPECT_TRUE(bad.empty()) << backward_mode_name(deterministic) << ", " << kernel_name(kernel) << ": " << bad;
       }
     }
   }
@@ -727,12 +580,12 @@ TEST(MhaPrefillBackwardValidation, RowAlignmentIsCheckedPerTensor) {
 // keys inside sequences and nothing else.
 TEST(MhaPrefillBackwardValidation, EmptyProblems) {
   MLAKIT_SKIP_WITHOUT_GPU();
-  Spec no_batch = spec_of({{}, {}}, 4, 2, 128, 128, true);
+  Spec no_batch = mha_backward_spec({{}, {}}, 4, 2, 128, 128, true);
   no_batch.problem.tail_q = 6;
   no_batch.problem.tail_k = 4;
-  Spec no_rows = spec_of({{0, 0, 0}, {5, 0, 3}}, 4, 2, 128, 128, false);
+  Spec no_rows = mha_backward_spec({{0, 0, 0}, {5, 0, 3}}, 4, 2, 128, 128, false);
   no_rows.problem.tail_k = 6;
-  Spec no_heads = spec_of({{3, 4}, {3, 70}}, 0, 1, 64, 64, true);
+  Spec no_heads = mha_backward_spec({{3, 4}, {3, 70}}, 0, 1, 64, 64, true);
   no_heads.problem.tail_q = no_heads.problem.tail_k = 2;
   // Non-zero token strides for the tensors without heads.
   no_heads.problem.q_pad.token_pad = no_heads.problem.out_pad.token_pad = 8;
@@ -750,11 +603,11 @@ TEST(MhaPrefillBackwardValidation, EmptyProblems) {
         for (int call = 0; call < 2; ++call) {
           d.poison();
           const Status s = d.launch();
-          ASSERT_TRUE(s) << mode_name(deterministic) << ", " << kernel_name(kernel) << ": " << s.to_string();
+          ASSERT_TRUE(s) << backward_mode_name(deterministic) << ", " << kernel_name(kernel) << ": " << s.to_string();
           MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
           const std::string bad = check_grads(c, ref, d.download());
-          EXPECT_TRUE(bad.empty()) << mode_name(deterministic) << ", " << kernel_name(kernel) << ", call " << call
-                                   << ": " << bad;
+          EXPECT_TRUE(bad.empty()) << backward_mode_name(deterministic) << ", " << kernel_name(kernel) << ", call "
+                                   << call << ": " << bad;
           if (c.b() == 0) {
             EXPECT_TRUE(all_poisoned(d)) << "b = 0 wrote a gradient";
           }

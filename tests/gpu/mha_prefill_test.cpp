@@ -17,13 +17,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
-#include <ostream>
-#include <memory>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -37,42 +32,21 @@ namespace mlakit::testing {
 namespace {
 
 using Spec = support::MhaPrefillSpec;
+using support::mha_prefill_spec;
+using support::MhaSequenceLengths;
+using MhaCase = NamedCase<Spec>;
 
-constexpr uint16_t kPoison16 = 0x7fc0;  // NaN as bf16 and as fp16
-constexpr uint32_t kPoison32 = 0x7fc00000u;
+constexpr uint16_t kPoison16 = kNan16;
+constexpr uint32_t kPoison32 = kNan32;
 constexpr int kCalls = 3;  // calls per case; every one after the first must repeat its bits
 constexpr double kReferenceBudget = 1e10;
-
-struct MhaCase {
-  std::string name;
-  Spec spec;
-};
-
-void PrintTo(const MhaCase& c, std::ostream* os) { *os << c.name; }
-
-struct Lengths {
-  std::vector<int32_t> lq, lk;
-};
 
 // Every kind of sequence in one batch: 1 x 1, Lq < Lk and Lq > Lk around the 64 / 128 tile
 // sizes, an empty query sequence with keys, queries with no key, and 300 x 64 (causal: the
 // first 236 rows see no key) and 64 x 300.
-Lengths batch_a() { return {{1, 63, 0, 65, 5, 127, 129, 300, 64}, {1, 65, 7, 63, 0, 129, 127, 64, 300}}; }
-Lengths batch_b() { return {{100, 0, 257, 33, 2}, {150, 40, 257, 0, 90}}; }
-Lengths batch_c() { return {{65, 1, 200}, {129, 300, 64}}; }
-
-Spec spec_of(const Lengths& l, int h_q, int h_kv, int d_qk, int d_v, bool causal, uint64_t seed) {
-  Spec s;
-  s.lq = l.lq;
-  s.lk = l.lk;
-  s.h_q = h_q;
-  s.h_kv = h_kv;
-  s.d_qk = d_qk;
-  s.d_v = d_v;
-  s.causal = causal;
-  s.seed = seed;
-  return s;
-}
+MhaSequenceLengths batch_a() { return {{1, 63, 0, 65, 5, 127, 129, 300, 64}, {1, 65, 7, 63, 0, 129, 127, 64, 300}}; }
+MhaSequenceLengths batch_b() { return {{100, 0, 257, 33, 2}, {150, 40, 257, 0, 90}}; }
+MhaSequenceLengths batch_c() { return {{65, 1, 200}, {129, 300, 64}}; }
 
 std::string dims_name(int d_qk, int d_v) {
   std::string s = "d";
@@ -90,7 +64,7 @@ std::vector<MhaCase> sweep_cases() {
   for (const auto& dd : dims) {
     for (bool causal : {false, true}) {
       for (int ratio : {1, 4, 8}) {
-        Spec s = spec_of(batch_a(), 8, 8 / ratio, dd[0], dd[1], causal, seed++);
+        Spec s = mha_prefill_spec(batch_a(), 8, 8 / ratio, dd[0], dd[1], causal, seed++);
         s.tail_q = 19;
         s.tail_k = 23;
         cases.push_back({"varlen_" + dims_name(dd[0], dd[1]) + (causal ? "_causal" : "_noncausal") + "_gqa" +
@@ -104,13 +78,13 @@ std::vector<MhaCase> sweep_cases() {
     cases.push_back({name, s});
   };
   // Long sequences: many key tiles, causal diagonal tiles deep in the sequence.
-  add("long_2048x2048_d128x128_causal_gqa4", spec_of({{2048}, {2048}}, 4, 1, 128, 128, true, 0));
-  add("long_600x3000_d64x64_noncausal_gqa2", spec_of({{600}, {3000}}, 2, 1, 64, 64, false, 0));
+  add("long_2048x2048_d128x128_causal_gqa4", mha_prefill_spec({{2048}, {2048}}, 4, 1, 128, 128, true, 0));
+  add("long_600x3000_d64x64_noncausal_gqa2", mha_prefill_spec({{600}, {3000}}, 2, 1, 64, 64, false, 0));
   // More work tiles than an H100 has SMs (132, one CTA each): tiles of different key counts,
   // empty ones and partial last V tiles run in several waves.
   for (const auto& dd : dims) {
     for (bool causal : {false, true}) {
-      Spec s = spec_of(batch_c(), 48, 12, dd[0], dd[1], causal, 0);  // 288 tiles
+      Spec s = mha_prefill_spec(batch_c(), 48, 12, dd[0], dd[1], causal, 0);  // 288 tiles
       s.tail_q = 3;
       s.tail_k = 7;
       add("many_tiles_" + dims_name(dd[0], dd[1]) + (causal ? "_causal" : "_noncausal") + "_gqa4", s);
@@ -118,31 +92,31 @@ std::vector<MhaCase> sweep_cases() {
   }
   // Padded views (16-byte rows kept: the Hopper kernel takes them).
   {
-    Spec s = spec_of(batch_b(), 8, 2, 128, 128, true, 0);
+    Spec s = mha_prefill_spec(batch_b(), 8, 2, 128, 128, true, 0);
     support::pad_all_views(&s);
     s.tail_q = 37;
     s.tail_k = 50;
     add("padded_d128x128_causal_gqa4", s);
-    s = spec_of(batch_c(), 4, 4, 256, 256, false, 0);
+    s = mha_prefill_spec(batch_c(), 4, 4, 256, 256, false, 0);
     support::pad_all_views(&s);
     s.tail_q = 5;
     add("padded_d256x256_noncausal_gqa1", s);
-    s = spec_of(batch_c(), 8, 1, 192, 128, true, 0);
+    s = mha_prefill_spec(batch_c(), 8, 1, 192, 128, true, 0);
     support::pad_all_views(&s);
     s.tail_k = 9;
     add("padded_d192x128_causal_gqa8", s);
   }
   // q, k, v as slices of one packed [total, h_q + 2 h_kv, d] qkv buffer.
   {
-    Spec s = spec_of({{100, 0, 257, 1, 64}, {100, 0, 257, 1, 64}}, 8, 2, 64, 64, true, 0);
+    Spec s = mha_prefill_spec({{100, 0, 257, 1, 64}, {100, 0, 257, 1, 64}}, 8, 2, 64, 64, true, 0);
     s.packed_qkv = true;
     s.tail_q = s.tail_k = 11;
     add("packed_qkv_d64x64_causal_gqa4", s);
-    s = spec_of({{129, 300}, {129, 300}}, 4, 4, 128, 128, false, 0);
+    s = mha_prefill_spec({{129, 300}, {129, 300}}, 4, 4, 128, 128, false, 0);
     s.packed_qkv = true;
     s.tail_q = s.tail_k = 5;
     add("packed_qkv_d128x128_noncausal_gqa1", s);
-    s = spec_of({{200, 77}, {200, 77}}, 2, 1, 256, 256, true, 0);
+    s = mha_prefill_spec({{200, 77}, {200, 77}}, 2, 1, 256, 256, true, 0);
     s.packed_qkv = true;
     s.tail_q = s.tail_k = 3;
     s.with_lse = false;
@@ -150,88 +124,81 @@ std::vector<MhaCase> sweep_cases() {
   }
   // Explicit scales: peaked (with logits growing along the keys) and nearly flat.
   {
-    Spec s = spec_of(batch_b(), 8, 2, 192, 128, true, 0);
+    Spec s = mha_prefill_spec(batch_b(), 8, 2, 192, 128, true, 0);
     s.softmax_scale = 0.5f;
     s.key_ramp = 3;
     s.tail_q = 4;
     add("scale_peaked_ramp_d192x128_causal_gqa4", s);
-    s = spec_of(batch_c(), 4, 4, 64, 64, false, 0);
+    s = mha_prefill_spec(batch_c(), 4, 4, 64, 64, false, 0);
     s.softmax_scale = 0.001f;
     add("scale_flat_d64x64_noncausal_gqa1", s);
-    s = spec_of(batch_a(), 8, 1, 128, 128, false, 0);
+    s = mha_prefill_spec(batch_a(), 8, 1, 128, 128, false, 0);
     s.key_ramp = 4;
     add("ramp_d128x128_noncausal_gqa8", s);
   }
   // lse absent.
   {
-    Spec s = spec_of(batch_b(), 8, 1, 256, 256, true, 0);
+    Spec s = mha_prefill_spec(batch_b(), 8, 1, 256, 256, true, 0);
     s.with_lse = false;
     s.tail_q = 3;
     add("nolse_d256x256_causal_gqa8", s);
-    s = spec_of(batch_c(), 4, 1, 64, 64, false, 0);
+    s = mha_prefill_spec(batch_c(), 4, 1, 64, 64, false, 0);
     s.with_lse = false;
     add("nolse_d64x64_noncausal_gqa4", s);
   }
   // fp16.
   {
-    Spec s = spec_of(batch_b(), 8, 2, 128, 128, true, 0);
+    Spec s = mha_prefill_spec(batch_b(), 8, 2, 128, 128, true, 0);
     s.dtype = DType::kFP16;
     support::pad_all_views(&s);
     s.tail_q = 6;
     s.tail_k = 6;
     add("fp16_padded_d128x128_causal_gqa4", s);
-    s = spec_of(batch_a(), 8, 8, 64, 64, false, 0);
+    s = mha_prefill_spec(batch_a(), 8, 8, 64, 64, false, 0);
     s.dtype = DType::kFP16;
     add("fp16_d64x64_noncausal_gqa1", s);
-    s = spec_of(batch_c(), 8, 1, 256, 256, true, 0);
+    s = mha_prefill_spec(batch_c(), 8, 1, 256, 256, true, 0);
     s.dtype = DType::kFP16;
     s.tail_k = 2;
     add("fp16_d256x256_causal_gqa8", s);
-    s = spec_of(batch_c(), 4, 4, 192, 128, false, 0);
+    s = mha_prefill_spec(batch_c(), 4, 4, 192, 128, false, 0);
     s.dtype = DType::kFP16;
     s.softmax_scale = 0.3f;
     add("fp16_scale_d192x128_noncausal_gqa1", s);
   }
   // Edges of the batch.
   {
-    Spec s = spec_of({{0, 0, 0}, {10, 0, 64}}, 4, 2, 128, 128, true, 0);
+    Spec s = mha_prefill_spec({{0, 0, 0}, {10, 0, 64}}, 4, 2, 128, 128, true, 0);
     s.tail_q = 40;
     s.tail_k = 7;
     add("only_empty_query_sequences_d128x128_causal", s);  // nothing to write at all
-    s = spec_of({{70, 129}, {0, 0}}, 4, 1, 128, 128, true, 0);
+    s = mha_prefill_spec({{70, 129}, {0, 0}}, 4, 1, 128, 128, true, 0);
     s.tail_k = 13;  // every k / v row is NaN
     add("no_keys_d128x128_causal_gqa4", s);
-    s = spec_of({{70, 5}, {0, 0}}, 8, 2, 256, 256, true, 0);
+    s = mha_prefill_spec({{70, 5}, {0, 0}}, 8, 2, 256, 256, true, 0);
     add("no_key_rows_at_all_d256x256_causal_gqa4", s);  // total_k = 0: k and v have no rows
-    s = spec_of({{1, 64}, {0, 0}}, 8, 8, 64, 64, false, 0);
+    s = mha_prefill_spec({{1, 64}, {0, 0}}, 8, 8, 64, 64, false, 0);
     s.tail_q = 2;
     s.tail_k = 64;
     add("no_keys_d64x64_noncausal_gqa1", s);
-    s = spec_of(batch_c(), 8, 2, 128, 128, true, 0);
+    s = mha_prefill_spec(batch_c(), 8, 2, 128, 128, true, 0);
     s.max_seqlen_slack = 200;  // the grid sized for longer sequences than there are
     add("max_seqlen_slack_d128x128_causal_gqa4", s);
-    s = spec_of({{1, 1, 1, 1}, {1, 2000, 129, 0}}, 16, 2, 128, 128, true, 0);
+    s = mha_prefill_spec({{1, 1, 1, 1}, {1, 2000, 129, 0}}, 16, 2, 128, 128, true, 0);
     add("single_queries_d128x128_causal_gqa8", s);
-    s = spec_of({{2000, 300}, {1, 299}}, 8, 1, 64, 64, true, 0);
+    s = mha_prefill_spec({{2000, 300}, {1, 299}}, 8, 1, 64, 64, true, 0);
     add("lq_above_lk_d64x64_causal_gqa8", s);  // 1999 + 1 rows that see no key
-    s = spec_of(batch_c(), 1, 1, 256, 256, true, 0);
+    s = mha_prefill_spec(batch_c(), 1, 1, 256, 256, true, 0);
     s.tail_q = 1;
     add("one_head_d256x256_causal", s);
-    s = spec_of({{17, 130}, {200, 130}}, 64, 8, 64, 64, true, 0);
+    s = mha_prefill_spec({{17, 130}, {200, 130}}, 64, 8, 64, 64, true, 0);
     add("many_heads_d64x64_causal_gqa8", s);
-    s = spec_of({{1}, {1}}, 2, 2, 192, 128, false, 0);
+    s = mha_prefill_spec({{1}, {1}}, 2, 2, 192, 128, false, 0);
     add("one_row_d192x128", s);
   }
   // Many short sequences (b = 40, lengths 0 to 90).
   {
-    std::mt19937 rng(7);
-    Lengths l;
-    for (int i = 0; i < 40; ++i) {
-      const int q = static_cast<int>(rng() % 91);
-      l.lq.push_back(q);
-      l.lk.push_back(std::max(0, q + static_cast<int>(rng() % 51) - 10));
-    }
-    Spec s = spec_of(l, 4, 2, 128, 128, true, 0);
+    Spec s = mha_prefill_spec(support::random_short_sequences(40, 7), 4, 2, 128, 128, true, 0);
     s.tail_q = 1;
     s.tail_k = 1;
     add("many_sequences_d128x128_causal_gqa2", s);
@@ -243,10 +210,7 @@ std::vector<MhaCase> sweep_cases() {
 }
 
 // A case's inputs and reference, built once for both kernels.
-struct Prepared {
-  support::HostMhaPrefillCase c;
-  support::MhaPrefillReference ref;
-};
+using Prepared = PreparedCase<support::HostMhaPrefillCase, support::MhaPrefillReference>;
 
 bool reference_has_nan(const Prepared& p) {
   const Spec& s = p.c.spec;
@@ -263,51 +227,20 @@ bool reference_has_nan(const Prepared& p) {
 }
 
 const Prepared& prepared(const MhaCase& mc) {
-  static std::map<std::string, std::unique_ptr<Prepared>> cache;
-  std::unique_ptr<Prepared>& slot = cache[mc.name];
-  if (!slot) {
-    auto p = std::make_unique<Prepared>();
-    p->c = support::make_mha_prefill_case(mc.spec);
-    p->ref = support::run_mha_prefill_reference(p->c);
-    slot = std::move(p);
-  }
-  return *slot;
-}
-
-// A device copy of `host` (an empty vector, e.g. k and v of a packed qkv case: a 1-byte
-// allocation and no copy).
-template <typename T>
-DeviceBuffer to_device(const std::vector<T>& host) {
-  return host.empty() ? DeviceBuffer(0) : DeviceBuffer(host);
+  return prepared_once(
+      mc.name, [&] { return support::make_mha_prefill_case(mc.spec); },
+      [](const support::HostMhaPrefillCase& c) { return support::run_mha_prefill_reference(c); });
 }
 
 // A case's device copy: inputs, poisoned outputs, a workspace of the size the query returns.
-struct DeviceMhaCase {
-  DeviceBuffer q, k, v, cu_q, cu_k, out, lse, workspace;
-  MhaPrefillArgs args;
-
-  DeviceMhaCase(const support::HostMhaPrefillCase& c, MlaKernel kernel)
-      : q(to_device(c.q)),
-        k(to_device(c.k)),
-        v(to_device(c.v)),
-        cu_q(to_device(c.cu_q)),
-        cu_k(to_device(c.cu_k)),
-        out(c.out_stored * 2),
-        lse(c.lse_stored * 4) {
-    args = c.args(q.get(), k.get(), v.get(), cu_q.get(), cu_k.get(), out.get(), lse.get());
-    args.kernel = kernel;
-    std::size_t bytes = 0;
-    const Status s = mha_prefill_workspace_size(args, &bytes);
-    if (!s) throw std::runtime_error(s.to_string());
-    workspace = DeviceBuffer(bytes);
+struct DeviceMhaCase : DeviceMhaPrefillCase {
+  DeviceMhaCase(const support::HostMhaPrefillCase& c, MlaKernel kernel) : DeviceMhaPrefillCase(c, kernel) {
+    if (const Status s = allocate_workspace(); !s) throw std::runtime_error(s.to_string());
     poison();
   }
   void poison() {
     out.fill16(kPoison16);
     lse.fill32(kPoison32);
-  }
-  Status launch(cudaStream_t stream = nullptr) {
-    return mha_prefill(args, workspace.get(), workspace.bytes(), stream);
   }
 };
 
@@ -326,21 +259,6 @@ std::string check_device(const support::HostMhaPrefillCase& c, const support::Mh
   return bad;
 }
 
-template <typename T>
-std::string difference(const std::vector<T>& got, const std::vector<T>& first, const char* name) {
-  int64_t n = 0, at = -1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] == first[i]) continue;
-    if (at < 0) at = static_cast<int64_t>(i);
-    ++n;
-  }
-  if (n == 0) return "";
-  return std::string(name) + " differs from call 0 in " + std::to_string(n) + " elements, first at buffer element " +
-         std::to_string(at);
-}
-
-const char* kernel_suffix(MlaKernel k) { return k == MlaKernel::kSm90 ? "sm90" : "portable"; }
-
 // ---------------------------------------------------------------------------------------------
 // The sweep: every case on both kernels, three calls each.
 
@@ -353,7 +271,7 @@ TEST_P(MhaPrefillSweep, MatchesReferenceAndRepeatsBitwise) {
   const MhaCase& mc = std::get<0>(GetParam());
   const Prepared& p = prepared(mc);
   ASSERT_FALSE(reference_has_nan(p)) << "the reference has NaN in a row of a sequence";
-  const std::string what = support::describe(mc.spec) + ", kernel " + kernel_suffix(kernel);
+  const std::string what = support::describe(mc.spec) + ", kernel " + kernel_name(kernel);
 
   DeviceMhaCase d(p.c, kernel);
   std::vector<uint16_t> first_out;
@@ -370,8 +288,8 @@ TEST_P(MhaPrefillSweep, MatchesReferenceAndRepeatsBitwise) {
       first_lse = d.lse.download<uint32_t>();
       continue;
     }
-    const std::string o = difference(d.out.download<uint16_t>(), first_out, "out");
-    const std::string l = difference(d.lse.download<uint32_t>(), first_lse, "lse");
+    const std::string o = difference_from_call0(d.out.download<uint16_t>(), first_out, "out");
+    const std::string l = difference_from_call0(d.lse.download<uint32_t>(), first_lse, "lse");
     EXPECT_TRUE(o.empty() && l.empty()) << what << ": call " << call << ": " << o << " " << l;
   }
 }
@@ -380,15 +298,12 @@ INSTANTIATE_TEST_SUITE_P(Sweep, MhaPrefillSweep,
                          ::testing::Combine(::testing::ValuesIn(sweep_cases()),
                                             ::testing::Values(MlaKernel::kPortable, MlaKernel::kSm90)),
                          [](const ::testing::TestParamInfo<std::tuple<MhaCase, MlaKernel>>& info) {
-                           return std::get<0>(info.param).name + "_" + kernel_suffix(std::get<1>(info.param));
+                           return std::get<0>(info.param).name + "_" + kernel_name(std::get<1>(info.param));
                          });
 
 // The float64 work of the sweep stays bounded (the reference runs once per case).
 TEST(MhaPrefillGpuCases, ReferenceCostIsBounded) {
-  double total = 0;
-  for (const MhaCase& c : sweep_cases()) total += support::reference_macs(c.spec);
-  std::printf("[mha prefill] sweep reference: %.3g float64 multiply-adds over %zu cases\n", total,
-              sweep_cases().size());
+  const double total = sweep_reference_macs("mha prefill", sweep_cases(), support::reference_macs);
   EXPECT_LE(total, kReferenceBudget);
 }
 
@@ -397,7 +312,7 @@ TEST(MhaPrefillGpuCases, ReferenceCostIsBounded) {
 
 TEST(MhaPrefillGpu, GraphReplayFollowsNewLengthsInTheSameBuffers) {
   MLAKIT_SKIP_WITHOUT_GPU();
-  Spec spec = spec_of({{100, 50, 30}, {120, 60, 30}}, 8, 2, 128, 128, true, 31);
+  Spec spec = mha_prefill_spec({{100, 50, 30}, {120, 60, 30}}, 8, 2, 128, 128, true, 31);
   spec.tail_q = spec.tail_k = 10;
   const support::HostMhaPrefillCase c = support::make_mha_prefill_case(spec);
   const support::MhaPrefillReference ref = support::run_mha_prefill_reference(c);
@@ -405,7 +320,7 @@ TEST(MhaPrefillGpu, GraphReplayFollowsNewLengthsInTheSameBuffers) {
   cudaStream_t stream;
   MLAKIT_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  Status st = d.launch(stream);
+  const Status st = d.launch(stream);
   ASSERT_TRUE(st) << st.to_string();
   MLAKIT_ASSERT_CUDA(cudaStreamSynchronize(stream));
   {
@@ -415,16 +330,12 @@ TEST(MhaPrefillGpu, GraphReplayFollowsNewLengthsInTheSameBuffers) {
   const auto eager_out = d.out.download<uint16_t>();
   const auto eager_lse = d.lse.download<uint32_t>();
 
-  cudaGraph_t graph;
-  MLAKIT_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  st = d.launch(stream);
-  MLAKIT_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
-  ASSERT_TRUE(st) << st.to_string();
-  cudaGraphExec_t exec;
-  MLAKIT_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph graph(stream, [&] { return d.launch(stream); });
+  MLAKIT_ASSERT_CUDA(graph.error());
+  ASSERT_TRUE(graph.call_status()) << graph.call_status().to_string();
   for (int replay = 0; replay < 2; ++replay) {
     d.poison();
-    MLAKIT_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    MLAKIT_ASSERT_CUDA(cudaGraphLaunch(graph.exec(), stream));
     MLAKIT_ASSERT_CUDA(cudaStreamSynchronize(stream));
     EXPECT_EQ(d.out.download<uint16_t>(), eager_out) << "replay " << replay;
     EXPECT_EQ(d.lse.download<uint32_t>(), eager_lse) << "replay " << replay;
@@ -441,12 +352,10 @@ TEST(MhaPrefillGpu, GraphReplayFollowsNewLengthsInTheSameBuffers) {
   d.cu_q.upload(next.cu_q.data(), next.cu_q.size() * 4);
   d.cu_k.upload(next.cu_k.data(), next.cu_k.size() * 4);
   d.poison();
-  MLAKIT_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+  MLAKIT_ASSERT_CUDA(cudaGraphLaunch(graph.exec(), stream));
   MLAKIT_ASSERT_CUDA(cudaStreamSynchronize(stream));
   const std::string bad = check_device(next, next_ref, d);
   EXPECT_TRUE(bad.empty()) << "after new lengths: " << bad;
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 
@@ -454,33 +363,13 @@ TEST(MhaPrefillGpu, GraphReplayFollowsNewLengthsInTheSameBuffers) {
 // Validation of the device path.
 
 Spec small_spec(uint64_t seed) {
-  Spec s = spec_of({{5, 9, 70}, {7, 9, 64}}, 4, 2, 64, 64, true, seed);
+  Spec s = mha_prefill_spec({{5, 9, 70}, {7, 9, 64}}, 4, 2, 64, 64, true, seed);
   s.tail_q = 3;
   s.tail_k = 2;
   return s;
 }
 
-// True when `message` names `name` as a word ("q:", "q.stride[1]", "(q)", "q rows", ...).
-bool names_argument(const std::string& message, const std::string& name) {
-  const std::string after = ":.[), ";
-  for (size_t at = message.find(name); at != std::string::npos; at = message.find(name, at + 1)) {
-    const bool starts = at == 0 || message[at - 1] == ' ' || message[at - 1] == '(';
-    const size_t end = at + name.size();
-    const bool ends = end == message.size() || after.find(message[end]) != std::string::npos;
-    if (starts && ends) return true;
-  }
-  return false;
-}
-
-bool all_poisoned(const DeviceMhaCase& d) {
-  for (uint16_t x : d.out.download<uint16_t>()) {
-    if (x != kPoison16) return false;
-  }
-  for (uint32_t x : d.lse.download<uint32_t>()) {
-    if (x != kPoison32) return false;
-  }
-  return true;
-}
+bool all_poisoned(const DeviceMhaCase& d) { return holds_only(d.out, kPoison16) && holds_only(d.lse, kPoison32); }
 
 TEST(MhaPrefillValidation, HostPointersAreNamed) {
   MLAKIT_SKIP_WITHOUT_GPU();
@@ -525,7 +414,7 @@ TEST(MhaPrefillValidation, WorkspaceAndOptions) {
   if (bytes > 0) {
     s = mha_prefill(d.args, d.workspace.get(), bytes - 1, nullptr);
     EXPECT_EQ(s.code(), StatusCode::kWorkspaceTooSmall) << s.to_string();
-    EXPECT_TRUE(names_argument(s.message(), "workspace_bytes")) << s.message();
+    EXPECT_TRUE(message_names_argument(s.message(), "workspace_bytes")) << s.message();
     s = mha_prefill(d.args, nullptr, bytes, nullptr);
     EXPECT_FALSE(s) << "a null workspace of " << bytes << " bytes was accepted";
     MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -545,12 +434,12 @@ TEST(MhaPrefillValidation, WorkspaceAndOptions) {
   a.softmax_scale = NAN;
   s = mha_prefill(a, d.workspace.get(), d.workspace.bytes(), nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-  EXPECT_TRUE(names_argument(s.message(), "softmax_scale")) << s.message();
+  EXPECT_TRUE(message_names_argument(s.message(), "softmax_scale")) << s.message();
   a = d.args;
   a.kernel = static_cast<MlaKernel>(7);
   s = mha_prefill(a, d.workspace.get(), d.workspace.bytes(), nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-  EXPECT_TRUE(names_argument(s.message(), "kernel")) << s.message();
+  EXPECT_TRUE(message_names_argument(s.message(), "kernel")) << s.message();
   if (!is_hopper()) {
     a = d.args;
     a.kernel = MlaKernel::kSm90;
@@ -599,7 +488,7 @@ TEST(MhaPrefillValidation, UnalignedLayoutsFallBackToThePortableKernel) {
         EXPECT_TRUE(bad.empty()) << "kSm90: " << bad;
       } else {
         EXPECT_FALSE(s) << "kSm90 accepted " << var.what;
-        EXPECT_TRUE(names_argument(s.message(), var.tensor)) << "the tensor is not named: " << s.message();
+        EXPECT_TRUE(message_names_argument(s.message(), var.tensor)) << "the tensor is not named: " << s.message();
         EXPECT_NE(s.message().find("align"), std::string::npos) << "the reason is not named: " << s.message();
         EXPECT_TRUE(all_poisoned(d)) << "a rejected call wrote an output";
       }
@@ -607,7 +496,7 @@ TEST(MhaPrefillValidation, UnalignedLayoutsFallBackToThePortableKernel) {
     for (MlaKernel kernel : {MlaKernel::kAuto, MlaKernel::kPortable}) {
       DeviceMhaCase d(c, kernel);
       const Status s = d.launch();
-      ASSERT_TRUE(s) << kernel_suffix(kernel) << ": " << s.to_string();
+      ASSERT_TRUE(s) << kernel_name(kernel) << ": " << s.to_string();
       MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
       const std::string bad = check_device(c, ref, d);
       EXPECT_TRUE(bad.empty()) << (kernel == MlaKernel::kAuto ? "kAuto" : "kPortable") << ": " << bad;
@@ -618,11 +507,11 @@ TEST(MhaPrefillValidation, UnalignedLayoutsFallBackToThePortableKernel) {
 // b = 0, total_q = 0 and h_q = 0 are the empty problem: OK, nothing written.
 TEST(MhaPrefillValidation, EmptyProblemsWriteNothing) {
   MLAKIT_SKIP_WITHOUT_GPU();
-  Spec no_batch = spec_of({{}, {}}, 4, 2, 128, 128, true, 61);
+  Spec no_batch = mha_prefill_spec({{}, {}}, 4, 2, 128, 128, true, 61);
   no_batch.tail_q = 6;
   no_batch.tail_k = 4;
-  Spec no_rows = spec_of({{0, 0}, {5, 3}}, 4, 2, 128, 128, false, 62);
-  Spec no_heads = spec_of({{3, 4}, {3, 4}}, 0, 1, 64, 64, true, 63);
+  Spec no_rows = mha_prefill_spec({{0, 0}, {5, 3}}, 4, 2, 128, 128, false, 62);
+  Spec no_heads = mha_prefill_spec({{3, 4}, {3, 4}}, 0, 1, 64, 64, true, 63);
   no_heads.q_pad.token_pad = no_heads.out_pad.token_pad = 8;  // non-zero token strides
   const std::pair<const char*, Spec> cases[] = {{"b = 0", no_batch}, {"total_q = 0", no_rows}, {"h_q = 0", no_heads}};
   for (const auto& [what, spec] : cases) {
@@ -632,7 +521,7 @@ TEST(MhaPrefillValidation, EmptyProblemsWriteNothing) {
       if (kernel == MlaKernel::kSm90 && !is_hopper()) continue;
       DeviceMhaCase d(c, kernel);
       const Status s = d.launch();
-      EXPECT_TRUE(s) << kernel_suffix(kernel) << ": " << s.to_string();
+      EXPECT_TRUE(s) << kernel_name(kernel) << ": " << s.to_string();
       MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
       EXPECT_TRUE(all_poisoned(d)) << "the empty problem wrote an output";
     }

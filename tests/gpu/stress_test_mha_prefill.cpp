@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +32,7 @@ namespace mlakit::testing {
 namespace {
 
 using stress::CaseRng;
+using support::mha_prefill_spec;
 using Spec = support::MhaPrefillSpec;
 
 constexpr uint64_t kSalt = 0x3a4d26;
@@ -42,33 +42,19 @@ constexpr double kReferenceBudget = 1e8;
 constexpr uint16_t kPoison16 = 0xffff;  // run_repeated fills outputs with 0xFF bytes
 constexpr uint32_t kPoison32 = 0xffffffffu;
 
-Spec spec_of(std::vector<int32_t> lq, std::vector<int32_t> lk, int h_q, int h_kv, int d_qk, int d_v, bool causal,
-             uint64_t seed) {
-  Spec s;
-  s.lq = std::move(lq);
-  s.lk = std::move(lk);
-  s.h_q = h_q;
-  s.h_kv = h_kv;
-  s.d_qk = d_qk;
-  s.d_v = d_v;
-  s.causal = causal;
-  s.seed = seed;
-  return s;
-}
-
 // First in every run, so that a few cases reach every kernel instance: each head-dim pair
 // causal and not, GQA 1 / 4 / 8, fp16, padded and packed views, no lse, explicit scales, empty
 // query and key sequences, Lq > Lk under causal, rows in no sequence, an oversized max_seqlen.
 std::vector<Spec> coverage_cases() {
   std::vector<Spec> c;
-  c.push_back(spec_of({1, 63, 0}, {65, 64, 5}, 4, 4, 64, 64, true, 1));
-  c.push_back(spec_of({129, 0}, {127, 200}, 8, 2, 64, 64, false, 2));
-  c.push_back(spec_of({300, 7}, {64, 0}, 8, 1, 128, 128, true, 3));  // 236 rows with no key; no keys at all
-  c.push_back(spec_of({65, 128}, {300, 128}, 4, 1, 128, 128, false, 4));
-  c.push_back(spec_of({200, 1}, {129, 1}, 8, 8, 192, 128, true, 5));
-  c.push_back(spec_of({127}, {255}, 4, 1, 192, 128, false, 6));
-  c.push_back(spec_of({64, 33}, {64, 190}, 2, 2, 256, 256, true, 7));
-  c.push_back(spec_of({150, 0, 20}, {90, 0, 40}, 8, 1, 256, 256, false, 8));
+  c.push_back(mha_prefill_spec({{1, 63, 0}, {65, 64, 5}}, 4, 4, 64, 64, true, 1));
+  c.push_back(mha_prefill_spec({{129, 0}, {127, 200}}, 8, 2, 64, 64, false, 2));
+  c.push_back(mha_prefill_spec({{300, 7}, {64, 0}}, 8, 1, 128, 128, true, 3));  // 236 rows with no key; no keys at all
+  c.push_back(mha_prefill_spec({{65, 128}, {300, 128}}, 4, 1, 128, 128, false, 4));
+  c.push_back(mha_prefill_spec({{200, 1}, {129, 1}}, 8, 8, 192, 128, true, 5));
+  c.push_back(mha_prefill_spec({{127}, {255}}, 4, 1, 192, 128, false, 6));
+  c.push_back(mha_prefill_spec({{64, 33}, {64, 190}}, 2, 2, 256, 256, true, 7));
+  c.push_back(mha_prefill_spec({{150, 0, 20}, {90, 0, 40}}, 8, 1, 256, 256, false, 8));
   c[0].tail_q = 5;
   c[1].tail_k = 70;
   c[2].dtype = DType::kFP16;
@@ -85,7 +71,7 @@ std::vector<Spec> coverage_cases() {
   c[7].tail_q = 1;
   c[7].tail_k = 3;
   // q, k, v slices of one qkv buffer, causal self-attention.
-  Spec p = spec_of({100, 0, 257}, {100, 0, 257}, 8, 2, 128, 128, true, 9);
+  Spec p = mha_prefill_spec({{100, 0, 257}, {100, 0, 257}}, 8, 2, 128, 128, true, 9);
   p.packed_qkv = true;
   p.tail_q = p.tail_k = 4;
   c.push_back(p);
@@ -153,13 +139,6 @@ Spec random_case(int index) {
   return s;
 }
 
-// A device copy of `host` (an empty vector, e.g. k and v of a packed qkv case: a 1-byte
-// allocation and no copy).
-template <typename T>
-DeviceBuffer to_device(const std::vector<T>& host) {
-  return host.empty() ? DeviceBuffer(0) : DeviceBuffer(host);
-}
-
 void run_case(const Spec& spec, const std::string& name, MlaKernel kernel, stress::Tally* tally) {
   const support::HostMhaPrefillCase c = support::make_mha_prefill_case(spec);
   const support::MhaPrefillReference ref = support::run_mha_prefill_reference(c);
@@ -169,21 +148,14 @@ void run_case(const Spec& spec, const std::string& name, MlaKernel kernel, stres
     ASSERT_FALSE(stress::has_nan(in_sequences)) << name << ": the reference has NaN";
   }
 
-  const DeviceBuffer q = to_device(c.q), k = to_device(c.k), v = to_device(c.v);
-  const DeviceBuffer cu_q = to_device(c.cu_q), cu_k = to_device(c.cu_k);
-  DeviceBuffer out(c.out_stored * 2), lse(c.lse_stored * 4);
-  MhaPrefillArgs args = c.args(q.get(), k.get(), v.get(), cu_q.get(), cu_k.get(), out.get(), lse.get());
-  args.kernel = kernel;
-  std::size_t bytes = 0;
-  const Status ws = mha_prefill_workspace_size(args, &bytes);
+  DeviceMhaPrefillCase d(c, kernel);
+  const Status ws = d.allocate_workspace();
   ASSERT_TRUE(ws) << name << ": " << ws.to_string();
-  DeviceBuffer workspace(bytes);
 
-  std::vector<stress::Output> outputs = {{"out", &out}};
-  if (spec.with_lse) outputs.push_back({"lse", &lse});
+  std::vector<stress::Output> outputs = {{"out", &d.out}};
+  if (spec.with_lse) outputs.push_back({"lse", &d.lse});
   const stress::RepeatResult r = stress::run_repeated(
-      outputs, static_cast<const MlaDecodePlan*>(nullptr),
-      [&] { return mha_prefill(args, workspace.get(), bytes, nullptr); },
+      outputs, static_cast<const MlaDecodePlan*>(nullptr), [&] { return d.launch(); },
       [&](const stress::OutputBytes& got) {
         const auto out_bits = stress::from_bytes<uint16_t>(got[0]);
         if (!spec.with_lse) {
@@ -223,27 +195,13 @@ constexpr uint64_t kBackwardSalt = 0x3a4d27;
 // Float64 multiply-adds of a random case's forward and backward references together
 // (h_q * (5 d_qk + 4 d_v) * visible pairs), about 0.07 s on one core.
 constexpr double kBackwardReferenceBudget = 1.5e8;
-// v of the cases with peaked softmax rows (key ramp, scale 0.5): see MhaBackwardSpec.
-constexpr float kPeakedVScale = 4.f;
 
+// The backward of `problem`; peaked softmax rows (key ramp, scale 0.5) take the smaller v.
 BackwardSpec backward_of(const Spec& problem) {
   BackwardSpec b;
   b.problem = problem;
-  if (problem.key_ramp > 0 || problem.softmax_scale == 0.5f) b.v_scale = kPeakedVScale;
+  if (problem.key_ramp > 0 || problem.softmax_scale == 0.5f) b.v_scale = support::kPeakedRowsVScale;
   return b;
-}
-
-// Rows aligned to 4 bytes but not 16, in every view (the GPU entry takes them).
-void align4_views(BackwardSpec* s) {
-  s->problem.q_pad = {.offset = 2, .head_pad = 2, .token_pad = 0};
-  s->problem.k_pad = {.offset = 0, .head_pad = 0, .token_pad = 2};
-  s->problem.v_pad = {.offset = 6, .head_pad = 2, .token_pad = 2};
-  s->problem.out_pad = {.offset = 2, .head_pad = 0, .token_pad = 2};
-  s->problem.lse_pad = 1;
-  s->dout_pad = {.offset = 0, .head_pad = 2, .token_pad = 0};
-  s->dq_pad = {.offset = 2, .head_pad = 0, .token_pad = 6};
-  s->dk_pad = {.offset = 4, .head_pad = 2, .token_pad = 2};
-  s->dv_pad = {.offset = 2, .head_pad = 2, .token_pad = 0};
 }
 
 // First in every run, small enough for the sanitizers (all of them within their 13 cases): each
@@ -253,17 +211,17 @@ void align4_views(BackwardSpec* s) {
 // sequence, an oversized max_seqlen.
 std::vector<BackwardSpec> backward_coverage_cases() {
   std::vector<BackwardSpec> c;
-  c.push_back(backward_of(spec_of({1, 63, 0, 33}, {65, 64, 5, 31}, 4, 4, 64, 64, true, 21)));
-  c.push_back(backward_of(spec_of({129, 0}, {127, 200}, 8, 2, 64, 64, false, 22)));
-  c.push_back(backward_of(spec_of({300, 7}, {64, 0}, 8, 1, 128, 128, true, 23)));  // 236 rows with no key
-  c.push_back(backward_of(spec_of({65, 128}, {300, 128}, 4, 1, 128, 128, false, 24)));
-  Spec peaked = spec_of({200, 1}, {129, 3}, 8, 8, 192, 128, true, 25);
+  c.push_back(backward_of(mha_prefill_spec({{1, 63, 0, 33}, {65, 64, 5, 31}}, 4, 4, 64, 64, true, 21)));
+  c.push_back(backward_of(mha_prefill_spec({{129, 0}, {127, 200}}, 8, 2, 64, 64, false, 22)));
+  c.push_back(backward_of(mha_prefill_spec({{300, 7}, {64, 0}}, 8, 1, 128, 128, true, 23)));  // 236 rows with no key
+  c.push_back(backward_of(mha_prefill_spec({{65, 128}, {300, 128}}, 4, 1, 128, 128, false, 24)));
+  Spec peaked = mha_prefill_spec({{200, 1}, {129, 3}}, 8, 8, 192, 128, true, 25);
   peaked.softmax_scale = 0.5f;
   peaked.key_ramp = 3;
   c.push_back(backward_of(peaked));
-  c.push_back(backward_of(spec_of({127}, {255}, 4, 1, 192, 128, false, 26)));
-  c.push_back(backward_of(spec_of({64, 33}, {64, 190}, 2, 2, 256, 256, true, 27)));
-  c.push_back(backward_of(spec_of({150, 0, 20}, {90, 0, 40}, 8, 1, 256, 256, false, 28)));
+  c.push_back(backward_of(mha_prefill_spec({{127}, {255}}, 4, 1, 192, 128, false, 26)));
+  c.push_back(backward_of(mha_prefill_spec({{64, 33}, {64, 190}}, 2, 2, 256, 256, true, 27)));
+  c.push_back(backward_of(mha_prefill_spec({{150, 0, 20}, {90, 0, 40}}, 8, 1, 256, 256, false, 28)));
   c[0].problem.tail_q = 5;
   c[1].problem.dtype = DType::kFP16;
   c[1].problem.tail_k = 70;
@@ -279,15 +237,15 @@ std::vector<BackwardSpec> backward_coverage_cases() {
   c[7].problem.tail_q = 1;
   c[7].problem.tail_k = 3;
   // q, k, v slices of one qkv buffer, causal self-attention.
-  Spec p = spec_of({100, 0, 130}, {100, 0, 130}, 8, 2, 128, 128, true, 29);
+  Spec p = mha_prefill_spec({{100, 0, 130}, {100, 0, 130}}, 8, 2, 128, 128, true, 29);
   p.packed_qkv = true;
   p.tail_q = p.tail_k = 4;
   c.push_back(backward_of(p));
-  BackwardSpec a = backward_of(spec_of({70, 5}, {90, 5}, 4, 2, 64, 64, true, 30));
-  align4_views(&a);
+  BackwardSpec a = backward_of(mha_prefill_spec({{70, 5}, {90, 5}}, 4, 2, 64, 64, true, 30));
+  support::align4_all_views(&a);
   c.push_back(a);
   // Only sequences without queries: dq has nothing to write, dk and dv are all 0.
-  Spec e = spec_of({0, 0}, {10, 64}, 4, 2, 128, 128, true, 31);
+  Spec e = mha_prefill_spec({{0, 0}, {10, 64}}, 4, 2, 128, 128, true, 31);
   e.tail_q = 6;
   c.push_back(backward_of(e));
   return c;
@@ -303,106 +261,31 @@ BackwardSpec random_backward_case(int index) {
     b.dk_pad = {.offset = 0, .head_pad = 8, .token_pad = 24};
     b.dv_pad = {.offset = 16, .head_pad = 8, .token_pad = 0};
   } else if (layout < 35 && !b.problem.packed_qkv) {
-    align4_views(&b);
+    support::align4_all_views(&b);
   }
   shrink_to_budget(&b.problem, kBackwardReferenceBudget, [&] { return support::backward_reference_macs(b); });
   return b;
-}
-
-using Grads = std::vector<std::vector<uint16_t>>;  // dq, dk, dv buffers
-
-// Calls `launch` knobs().calls times on the same inputs; before each call every gradient buffer
-// and the workspace are filled with 0xFF bytes. Call 0 must pass `check`; in the deterministic
-// mode every later call must give call 0's bits (one that does not is checked too, to tell
-// "wrong" from "only different"), in the default mode every later call must pass `check`.
-stress::RepeatResult run_backward_repeated(const std::vector<DeviceBuffer*>& grads, DeviceBuffer* workspace,
-                                           bool deterministic, const std::function<Status()>& launch,
-                                           const std::function<std::string(const Grads&)>& check) {
-  static const char* const kNames[] = {"dq", "dk", "dv"};
-  stress::RepeatResult r;
-  Grads first;
-  int differing_calls = 0;
-  std::string first_difference;
-  for (int call = 0; call < stress::knobs().calls; ++call) {
-    for (DeviceBuffer* g : grads) g->fill_bytes(0xFF);
-    workspace->fill_bytes(0xFF);
-    const Status s = launch();
-    if (!s) {
-      r.failure = "call " + std::to_string(call) + ": " + s.to_string();
-      return r;
-    }
-    if (const cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
-      r.failure = "call " + std::to_string(call) + ": " + cudaGetErrorString(err);
-      return r;
-    }
-    ++r.calls;
-    Grads got;
-    for (const DeviceBuffer* g : grads) got.push_back(g->download<uint16_t>());
-    if (call == 0 || !deterministic) {
-      if (std::string bad = check(got); !bad.empty()) {
-        r.failure = "call " + std::to_string(call) + ": " + bad;
-        return r;
-      }
-      if (call == 0) first = std::move(got);
-      continue;
-    }
-    if (got == first) continue;
-    if (++differing_calls > 1) continue;
-    first_difference = "call " + std::to_string(call) + " (deterministic mode):";
-    for (size_t i = 0; i < got.size(); ++i) {
-      int64_t n = 0, at = -1;
-      for (size_t e = 0; e < got[i].size(); ++e) {
-        if (got[i][e] == first[i][e]) continue;
-        if (at < 0) at = static_cast<int64_t>(e);
-        ++n;
-      }
-      if (n > 0) {
-        first_difference += std::string(" ") + kNames[i] + " differs from call 0 in " + std::to_string(n) +
-                            " elements, first at buffer element " + std::to_string(at) + ";";
-      }
-    }
-    const std::string bad = check(got);
-    first_difference += bad.empty() ? " within the reference's tolerances" : " against the reference: " + bad;
-  }
-  if (differing_calls > 0) {
-    r.failure = first_difference + " (" + std::to_string(differing_calls) + " of " + std::to_string(r.calls - 1) +
-                " later calls differ from call 0)";
-  }
-  return r;
 }
 
 void run_backward_case(const BackwardSpec& spec, const std::string& name, bool deterministic, stress::Tally* tally) {
   const support::HostMhaBackwardCase c = support::make_mha_backward_case(spec);
   const support::MhaBackwardReference ref = support::run_mha_backward_reference(c);
 
-  const DeviceBuffer q = to_device(c.fwd.q), k = to_device(c.fwd.k), v = to_device(c.fwd.v);
-  const DeviceBuffer cu_q = to_device(c.fwd.cu_q), cu_k = to_device(c.fwd.cu_k);
-  const DeviceBuffer dout = to_device(c.dout), out = to_device(c.out), lse = to_device(c.lse);
-  DeviceBuffer dq(c.dq_stored * 2), dk(c.dk_stored * 2), dv(c.dv_stored * 2);
-  MhaPrefillBackwardArgs args = c.args({.q = q.get(),
-                                        .k = k.get(),
-                                        .v = v.get(),
-                                        .cu_q = cu_q.get(),
-                                        .cu_k = cu_k.get(),
-                                        .dout = dout.get(),
-                                        .out = out.get(),
-                                        .lse = lse.get(),
-                                        .dq = dq.get(),
-                                        .dk = dk.get(),
-                                        .dv = dv.get()});
-  args.deterministic = deterministic;
-  args.kernel = MlaKernel::kAuto;
-  std::size_t bytes = 0;
-  const Status ws = mha_prefill_backward_workspace_size(args, &bytes);
+  DeviceMhaBackwardCase d(c, deterministic, MlaKernel::kAuto);
+  const Status ws = d.allocate_workspace();
   ASSERT_TRUE(ws) << name << ": " << ws.to_string();
-  DeviceBuffer workspace(bytes);
 
-  const stress::RepeatResult r = run_backward_repeated(
-      {&dq, &dk, &dv}, &workspace, deterministic,
-      [&] { return mha_prefill_backward(args, workspace.get(), bytes, nullptr); },
-      [&](const Grads& got) { return support::check_mha_backward_outputs(c, ref, got[0], got[1], got[2], kPoison16); });
+  // Deterministic mode: every call repeats call 0's bits; default mode: every call passes the check.
+  const stress::RepeatResult r = stress::run_repeated(
+      {{"dq", &d.dq}, {"dk", &d.dk}, {"dv", &d.dv}}, &d.workspace,
+      deterministic ? stress::LaterCalls::kRepeatCall0Bits : stress::LaterCalls::kPassCheck, [&] { return d.launch(); },
+      [&](const stress::OutputBytes& got) {
+        return support::check_mha_backward_outputs(c, ref, stress::from_bytes<uint16_t>(got[0]),
+                                                   stress::from_bytes<uint16_t>(got[1]),
+                                                   stress::from_bytes<uint16_t>(got[2]), kPoison16);
+      });
   tally->add(r, false);
-  EXPECT_TRUE(r.failure.empty()) << name << ", " << (deterministic ? "deterministic" : "default") << " mode: "
+  EXPECT_TRUE(r.failure.empty()) << name << ", " << support::backward_mode_name(deterministic) << " mode: "
                                  << r.failure;
 }
 
@@ -412,7 +295,7 @@ TEST_P(MhaPrefillBackward, RepeatedCallsAreCorrect) {
   const bool deterministic = GetParam();
   if (const std::string why = stress::why_kernel_cannot_run(MlaKernel::kPortable); !why.empty()) GTEST_SKIP() << why;
   const std::vector<BackwardSpec> coverage = backward_coverage_cases();
-  stress::Tally tally("MHA prefill backward", deterministic ? "deterministic" : "default", /*planned=*/false);
+  stress::Tally tally("MHA prefill backward", support::backward_mode_name(deterministic), /*planned=*/false);
   for (int i = 0; i < stress::knobs().cases; ++i) {
     const BackwardSpec spec = i < static_cast<int>(coverage.size()) ? coverage[i] : random_backward_case(i);
     run_backward_case(spec, "case " + std::to_string(i) + " (" + support::describe(spec) + ")", deterministic, &tally);
@@ -423,7 +306,7 @@ TEST_P(MhaPrefillBackward, RepeatedCallsAreCorrect) {
 
 INSTANTIATE_TEST_SUITE_P(Stress, MhaPrefillBackward, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool>& info) {
-                           return std::string(info.param ? "deterministic" : "default");
+                           return std::string(support::backward_mode_name(info.param));
                          });
 
 }  // namespace

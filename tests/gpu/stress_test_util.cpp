@@ -36,19 +36,6 @@ void poison_partials(const Plan& plan) {
   check_cuda(cudaMemset(begin, 0xFF, plan.workspace_bytes - plan.partial_out_offset), "poison partials");
 }
 
-// Where two downloads of an output differ, in words.
-std::string describe_difference(const std::string& name, const std::vector<uint8_t>& got,
-                                const std::vector<uint8_t>& first) {
-  int64_t differing = 0, at = -1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] == first[i]) continue;
-    if (at < 0) at = static_cast<int64_t>(i);
-    ++differing;
-  }
-  return name + " differs from call 0 in " + std::to_string(differing) + " bytes, first at byte " +
-         std::to_string(at);
-}
-
 }  // namespace
 
 const Knobs& knobs() {
@@ -58,10 +45,6 @@ const Knobs& knobs() {
       .seed = static_cast<uint64_t>(env_positive("MLAKIT_STRESS_SEED", 1)),
   };
   return k;
-}
-
-const char* kernel_name(MlaKernel kernel) {
-  return kernel == MlaKernel::kSm90 ? "sm90" : "portable";
 }
 
 std::string kernel_param_name(const ::testing::TestParamInfo<MlaKernel>& info) {
@@ -97,16 +80,17 @@ bool plan_splits(const MlaDecodePlan& plan) {
 
 namespace {
 
-template <typename Plan>
-RepeatResult run_repeated_impl(const std::vector<Output>& outputs, const Plan* plan,
-                               const std::function<Status()>& launch, const ReferenceCheck& check) {
+// run_repeated with `poison_more()` after the outputs' poison before each call.
+RepeatResult run_repeated_impl(const std::vector<Output>& outputs, const std::function<void()>& poison_more,
+                               LaterCalls later, const std::function<Status()>& launch,
+                               const ReferenceCheck& check) {
   RepeatResult r;
   OutputBytes first;
   int differing_calls = 0;
   std::string first_difference;
   for (int call = 0; call < knobs().calls; ++call) {
     for (const Output& o : outputs) o.buffer->fill_bytes(0xFF);
-    if (plan != nullptr) poison_partials(*plan);
+    poison_more();
     const Status s = launch();
     if (!s) {
       r.failure = "call " + std::to_string(call) + ": " + s.to_string();
@@ -119,19 +103,19 @@ RepeatResult run_repeated_impl(const std::vector<Output>& outputs, const Plan* p
     ++r.calls;
     OutputBytes got;
     for (const Output& o : outputs) got.push_back(o.buffer->download<uint8_t>());
-    if (call == 0) {
+    if (call == 0 || later == LaterCalls::kPassCheck) {
       if (std::string bad = check(got); !bad.empty()) {
-        r.failure = "call 0: " + bad;
+        r.failure = "call " + std::to_string(call) + ": " + bad;
         return r;
       }
-      first = std::move(got);
+      if (call == 0) first = std::move(got);
       continue;
     }
     if (got == first) continue;  // the same bits pass the same checks
     if (++differing_calls > 1) continue;
     first_difference = "call " + std::to_string(call) + ":";
     for (size_t i = 0; i < outputs.size(); ++i) {
-      if (got[i] != first[i]) first_difference += " " + describe_difference(outputs[i].name, got[i], first[i]) + ";";
+      if (got[i] != first[i]) first_difference += " " + difference_from_call0(got[i], first[i], outputs[i].name) + ";";
     }
     const std::string bad = check(got);
     first_difference += bad.empty() ? " within the reference's tolerances" : " against the reference: " + bad;
@@ -147,12 +131,18 @@ RepeatResult run_repeated_impl(const std::vector<Output>& outputs, const Plan* p
 
 RepeatResult run_repeated(const std::vector<Output>& outputs, const MlaDecodePlan* plan,
                           const std::function<Status()>& launch, const ReferenceCheck& check) {
-  return run_repeated_impl(outputs, plan, launch, check);
+  return run_repeated_impl(
+      outputs, [&] { if (plan != nullptr) poison_partials(*plan); }, LaterCalls::kRepeatCall0Bits, launch, check);
 }
 
 RepeatResult run_repeated(const std::vector<Output>& outputs, const GqaDecodePlan& plan,
                           const std::function<Status()>& launch, const ReferenceCheck& check) {
-  return run_repeated_impl(outputs, &plan, launch, check);
+  return run_repeated_impl(outputs, [&] { poison_partials(plan); }, LaterCalls::kRepeatCall0Bits, launch, check);
+}
+
+RepeatResult run_repeated(const std::vector<Output>& outputs, DeviceBuffer* workspace, LaterCalls later,
+                          const std::function<Status()>& launch, const ReferenceCheck& check) {
+  return run_repeated_impl(outputs, [&] { workspace->fill_bytes(0xFF); }, later, launch, check);
 }
 
 std::string verdict(const support::AccuracyReport& r) {

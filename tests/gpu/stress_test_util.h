@@ -38,7 +38,7 @@ struct Knobs {
 };
 const Knobs& knobs();
 
-const char* kernel_name(MlaKernel kernel);  // "portable" / "sm90"
+using ::mlakit::testing::kernel_name;  // gpu_test_util.h
 std::string kernel_param_name(const ::testing::TestParamInfo<MlaKernel>& info);
 
 // Why `kernel` cannot run on this machine; empty when it can.
@@ -89,6 +89,17 @@ RepeatResult run_repeated(const std::vector<Output>& outputs, const MlaDecodePla
                           const std::function<Status()>& launch, const ReferenceCheck& check);
 // The same for the GQA decode, whose plan has the MLA decode plan's workspace regions.
 RepeatResult run_repeated(const std::vector<Output>& outputs, const GqaDecodePlan& plan,
+                          const std::function<Status()>& launch, const ReferenceCheck& check);
+
+// What a call after call 0 must do.
+enum class LaterCalls {
+  kRepeatCall0Bits,  // give call 0's bits (as above)
+  kPassCheck,        // pass `check` (an operation whose float32 sums may run in any order)
+};
+// The same for an operation without a plan but with a caller's workspace (the MHA prefill
+// backward): `workspace` is filled with 0xFF bytes before each call too (the operation must not
+// rely on what a previous call left there).
+RepeatResult run_repeated(const std::vector<Output>& outputs, DeviceBuffer* workspace, LaterCalls later,
                           const std::function<Status()>& launch, const ReferenceCheck& check);
 
 template <typename T>

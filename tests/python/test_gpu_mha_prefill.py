@@ -26,7 +26,15 @@ from mlakit import flash_mla  # noqa: E402
 from torch.library import opcheck  # noqa: E402
 from torch_cases import capture, generator, require_gpu  # noqa: E402
 from torch_cases import check as check_all  # noqa: E402
-from torch_ops_cases import DOUT_STD, V_STD, check_grad  # noqa: E402
+from torch_ops_cases import (  # noqa: E402
+    DOUT_STD,
+    V_STD,
+    WITH_GRAD,
+    backward_of,
+    check_grad,
+    check_packed_form_gradients,
+    leaves,
+)
 
 require_gpu()
 DEVICE = "cuda"
@@ -385,9 +393,6 @@ def test_a_cuda_graph_replayed_with_new_lengths_matches_eager():
 
 # 'sm90' has no backward kernel yet (an error, below): 'auto' runs the portable kernels.
 BACKWARD_KERNELS = ["auto", "portable"]
-# opcheck's tests for mha_prefill on inputs that require grad: all but the AOTAutograd one, whose
-# random gradient of lse the backward refuses (NotImplementedError).
-WITH_GRAD = ("test_schema", "test_autograd_registration", "test_faketensor")
 
 
 def backward_problem(seed, d_qk, d_v, **kw):
@@ -575,15 +580,10 @@ def test_backward_opcheck_on_the_gpu():
     opcheck(OPS.mha_prefill_backward.default, (dout, q, k, v, out, lse, cu_q, cu_k, 9, 9, None, True, True))
     opcheck(OPS.mha_prefill_backward.default, (dout, q, k, v, out, lse, cu_q, cu_k, 9, 9, 0.1, False, True,
                                                "portable"))
-    grads = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
-    opcheck(OPS.mha_prefill.default, grads + (cu_q, cu_k, 9, 9, None, True), test_utils=WITH_GRAD)
+    opcheck(OPS.mha_prefill.default, leaves(q, k, v) + (cu_q, cu_k, 9, 9, None, True), test_utils=WITH_GRAD)
 
 
 # ---- gradients through the FlashMLA drop-in ----------------------------------------------------
-
-
-def leaves(*xs):
-    return [x.detach().clone().requires_grad_() for x in xs]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -592,7 +592,7 @@ def test_flash_attn_varlen_func_gradients_match_the_cpu_reference(d_qk, d_v, cau
     q, k, v, cu_q, cu_k, dout = backward_problem(500 + d_qk + causal, d_qk, d_v)
     tq, tk, tv = leaves(q, k, v)
     out, lse = flash_mla.flash_attn_varlen_func(tq, tk, tv, cu_q, cu_k, max(LQ), max(LK), causal=causal)
-    (out.float() * dout.float()).sum().backward()
+    backward_of((out, lse), dout)
     want = cpu_backward(dout, q, k, v, out.detach(), lse.detach().T, cu_q, cu_k, max(LQ), max(LK), None, causal)
     check_grads((tq.grad, tk.grad, tv.grad), want, cu_q, cu_k)
 
@@ -600,17 +600,4 @@ def test_flash_attn_varlen_func_gradients_match_the_cpu_reference(d_qk, d_v, cau
 def test_packed_forms_give_gradients_to_qkv_and_kv_on_the_gpu():
     lengths = [130, 0, 1, 77, 40]
     q, k, v, cu, _, dout = backward_problem(510, 128, 128, h_q=4, h_kv=4, lq=lengths, lk=lengths, pad_k=0)
-    n = max(lengths)
-
-    def backward_of(result):
-        (result[0].float() * dout.float()).sum().backward()
-
-    tq, tk, tv = leaves(q, k, v)
-    backward_of(flash_mla.flash_attn_varlen_func(tq, tk, tv, cu, cu, n, n, causal=True, deterministic=True))
-    (qkv,) = leaves(torch.cat([q, k, v], dim=-1))
-    backward_of(flash_mla.flash_attn_varlen_qkvpacked_func(qkv, cu, n, 128, causal=True, deterministic=True))
-    assert torch.equal(qkv.grad, torch.cat([tq.grad, tk.grad, tv.grad], dim=-1))
-    q2, (kv,) = leaves(q)[0], leaves(torch.cat([k, v], dim=-1))
-    backward_of(flash_mla.flash_attn_varlen_kvpacked_func(q2, kv, cu, cu, n, n, 128, causal=True,
-                                                          deterministic=True))
-    assert torch.equal(q2.grad, tq.grad) and torch.equal(kv.grad, torch.cat([tk.grad, tv.grad], dim=-1))
+    check_packed_form_gradients(q, k, v, cu, max(lengths), dout, causal=True, deterministic=True)

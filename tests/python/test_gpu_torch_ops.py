@@ -19,10 +19,13 @@ from mlakit import flash_mla  # noqa: E402
 from torch.library import opcheck  # noqa: E402
 from torch_cases import capture, require_gpu  # noqa: E402
 from torch_ops_cases import (  # noqa: E402
+    WITH_GRAD,
+    eager_and_compiled_grads,
     fake_args,
     gen,
     gqa_args,
     gqa_problem,
+    leaves,
     merge_states_args,
     mla_problem,
     prefix_sums,
@@ -225,10 +228,6 @@ def test_v4_cache_tool_ops_on_cuda_match_the_cpu_bit_for_bit():
 
 # ---- training through flash_attn_varlen_func ---------------------------------------------------
 
-# opcheck's tests for mha_prefill on inputs that require grad: all but the AOTAutograd one, whose
-# random gradient of lse the backward refuses (NotImplementedError).
-WITH_GRAD = ("test_schema", "test_autograd_registration", "test_faketensor")
-
 
 def test_a_few_sgd_steps_of_one_attention_layer_lower_the_loss():
     """x -> q, k, v projections (GQA: 8 query heads, 2 kv heads of 64) -> causal varlen
@@ -274,18 +273,7 @@ def test_a_compiled_forward_and_backward_matches_eager_bit_for_bit():
                                                    deterministic=True)
         return (out2.float() * dout.float()).sum()
 
-    def grads(fn):
-        a, b = (t.detach().clone().requires_grad_() for t in (q, kv))
-        value = fn(a, b)
-        value.backward()
-        torch.cuda.synchronize()
-        return value, a.grad, b.grad
-
-    eager = grads(loss)
-    explained = torch._dynamo.explain(loss)(q.clone().requires_grad_(), kv.clone().requires_grad_())
-    assert explained.graph_break_count == 0, explained.break_reasons
-    torch._dynamo.reset()
-    compiled = grads(torch.compile(loss, fullgraph=True))
+    eager, compiled = eager_and_compiled_grads(loss, (q, kv))
     # The loss: Inductor fuses the product and the sum (another float32 summation order); the
     # gradients: the ops' own results, bit for bit in the deterministic mode.
     torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=0)
@@ -299,5 +287,5 @@ def test_opcheck_of_the_backward_and_of_the_autograd_formula_on_the_gpu():
     opcheck(OPS.mha_prefill_backward.default, (dout, q, k, v, out, lse, cu_q, cu_k, 9, 9, None, True, True))
     opcheck(OPS.mha_prefill_backward.default, (dout, q, k, v, out, lse, cu_q, cu_k, 9, 9, 0.1, False, True,
                                                "portable"))
-    grads = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
-    opcheck(OPS.mha_prefill.default, grads + (cu_q, cu_k, 9, 9, None, True, "auto", True), test_utils=WITH_GRAD)
+    opcheck(OPS.mha_prefill.default, leaves(q, k, v) + (cu_q, cu_k, 9, 9, None, True, "auto", True),
+            test_utils=WITH_GRAD)

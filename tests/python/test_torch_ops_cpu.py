@@ -18,12 +18,17 @@ from torch.library import opcheck  # noqa: E402
 from mlakit import _mha_prefill, flash_mla  # noqa: E402
 from torch_ops_cases import (  # noqa: E402
     PAGE,
+    WITH_GRAD,
     attention_grads,
+    backward_of,
     check_grad,
+    check_packed_form_gradients,
+    eager_and_compiled_grads,
     fake_args,
     gen,
     gqa_args,
     gqa_problem,
+    leaves,
     merge_states_args,
     mla_problem,
     v4_sparse_args,
@@ -33,9 +38,6 @@ from torch_ops_cases import (  # noqa: E402
 OPS = torch.ops.mlakit
 # For float8 tensors: opcheck's schema test multiplies them, which float8 cannot on the CPU.
 NO_SCHEMA_TEST = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-# For mha_prefill on inputs that require grad: all but the AOTAutograd test, whose random
-# gradient of lse the backward refuses (NotImplementedError).
-WITH_GRAD = ("test_schema", "test_autograd_registration", "test_faketensor")
 
 
 def assert_same(a, b):
@@ -268,8 +270,7 @@ def test_mha_prefill_op_is_the_package_function_and_passes_opcheck():
     # With q, k, v requiring grad: the autograd formula's registration. (opcheck's AOTAutograd
     # test backpropagates random gradients into every output, lse's too, which the backward
     # refuses: the compiled backward is tested below.)
-    grads = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
-    opcheck(OPS.mha_prefill.default, grads + args[3:] + ("auto", True), test_utils=WITH_GRAD)
+    opcheck(OPS.mha_prefill.default, leaves(q, k, v) + args[3:] + ("auto", True), test_utils=WITH_GRAD)
 
 
 def test_mha_prefill_backward_op_is_the_package_function_and_passes_opcheck():
@@ -289,16 +290,6 @@ def test_mha_prefill_backward_op_is_the_package_function_and_passes_opcheck():
 # queries see no key), a short one.
 LQ, LK = [5, 0, 2, 9, 7, 1], [9, 3, 0, 9, 4, 1]
 PAIRS = [(64, 64), (128, 128), (192, 128), (256, 256)]
-
-
-def leaves(*xs):
-    return [x.detach().clone().requires_grad_() for x in xs]
-
-
-def backward_of(outputs, dout):
-    """Backpropagates sum(out * dout) (out the first output) in float32 (dout's bf16 values
-    arrive exactly as the gradient of out)."""
-    (outputs[0].float() * dout.float()).sum().backward()
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -333,14 +324,7 @@ def test_packed_forms_give_gradients_to_qkv_and_kv():
     """The packed tensors' gradients are those of their views, put together by autograd."""
     lengths = [5, 0, 9, 3]
     q, k, v, cu, _, dout = varlen_problem(320, lengths, lengths, 4, 4, 128, 128)
-    tq, tk, tv = leaves(q, k, v)
-    backward_of(flash_mla.flash_attn_varlen_func(tq, tk, tv, cu, cu, 9, 9, causal=True), dout)
-    (qkv,) = leaves(torch.cat([q, k, v], dim=-1))
-    backward_of(flash_mla.flash_attn_varlen_qkvpacked_func(qkv, cu, 9, 128, causal=True), dout)
-    assert torch.equal(qkv.grad, torch.cat([tq.grad, tk.grad, tv.grad], dim=-1))
-    q2, (kv,) = leaves(q)[0], leaves(torch.cat([k, v], dim=-1))
-    backward_of(flash_mla.flash_attn_varlen_kvpacked_func(q2, kv, cu, cu, 9, 9, 128, causal=True), dout)
-    assert torch.equal(q2.grad, tq.grad) and torch.equal(kv.grad, torch.cat([tk.grad, tv.grad], dim=-1))
+    check_packed_form_gradients(q, k, v, cu, 9, dout, causal=True)
 
 
 def test_mha_prefill_on_tensors_that_require_grad_is_differentiable_too():
@@ -422,17 +406,7 @@ def test_a_compiled_forward_and_backward_has_no_graph_break_and_matches_eager():
         out2, _ = flash_mla.flash_attn_varlen_func(out, kv[:, :, :128], kv[:, :, 128:], cu_q, cu_k, 9, 9)
         return (out2.float() * dout.float()).sum()
 
-    def grads(fn):
-        a, b = leaves(q, kv)
-        value = fn(a, b)
-        value.backward()
-        return value, a.grad, b.grad
-
-    eager = grads(loss)
-    explained = torch._dynamo.explain(loss)(*leaves(q, kv))
-    assert explained.graph_break_count == 0, explained.break_reasons
-    torch._dynamo.reset()
-    compiled = grads(torch.compile(loss, fullgraph=True, backend="aot_eager"))
+    eager, compiled = eager_and_compiled_grads(loss, (q, kv), backend="aot_eager")
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
 

@@ -174,3 +174,57 @@ def check_grad(actual, expected, name):
     if norms > 0:
         cos_diff = 1 - 2 * float((a * e).sum()) / norms
         assert cos_diff <= 7e-6, f"{name}: cosine difference {cos_diff:.3g} > 7e-6"
+
+
+# opcheck's tests for mha_prefill on inputs that require grad: all but the AOTAutograd one, whose
+# random gradient of lse the backward refuses (NotImplementedError).
+WITH_GRAD = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def leaves(*xs):
+    """Copies of `xs` that require grad: the leaves of a new autograd graph."""
+    return tuple(x.detach().clone().requires_grad_() for x in xs)
+
+
+def backward_of(outputs, dout):
+    """Backpropagates sum(out * dout) (out the first output) in float32 (dout's bf16 values
+    arrive exactly as the gradient of out)."""
+    (outputs[0].float() * dout.float()).sum().backward()
+
+
+def check_packed_form_gradients(q, k, v, cu, max_seqlen, dout, **options):
+    """The gradients of flash_attn_varlen_qkvpacked_func's qkv and flash_attn_varlen_kvpacked_func's
+    q and kv (q, k, v of head_dim 128, one length per sequence on both sides) are those of
+    flash_attn_varlen_func's q, k, v, put together by autograd, bit for bit. `options`: the
+    functions' keywords (causal, deterministic)."""
+    from mlakit import flash_mla
+
+    n = max_seqlen
+    tq, tk, tv = leaves(q, k, v)
+    backward_of(flash_mla.flash_attn_varlen_func(tq, tk, tv, cu, cu, n, n, **options), dout)
+    (qkv,) = leaves(torch.cat([q, k, v], dim=-1))
+    backward_of(flash_mla.flash_attn_varlen_qkvpacked_func(qkv, cu, n, 128, **options), dout)
+    assert torch.equal(qkv.grad, torch.cat([tq.grad, tk.grad, tv.grad], dim=-1))
+    q2, (kv,) = leaves(q)[0], leaves(torch.cat([k, v], dim=-1))
+    backward_of(flash_mla.flash_attn_varlen_kvpacked_func(q2, kv, cu, cu, n, n, 128, **options), dout)
+    assert torch.equal(q2.grad, tq.grad) and torch.equal(kv.grad, torch.cat([tk.grad, tv.grad], dim=-1))
+
+
+def eager_and_compiled_grads(loss, inputs, backend="inductor"):
+    """(eager, compiled): each (loss value, *gradients of `inputs`) of `loss` run on new leaves
+    of `inputs`, eagerly and compiled by torch.compile(fullgraph=True, backend=backend), once
+    `loss` is seen to trace without a graph break."""
+
+    def grads(fn):
+        xs = leaves(*inputs)
+        value = fn(*xs)
+        value.backward()
+        if value.is_cuda:
+            torch.cuda.synchronize()
+        return (value,) + tuple(x.grad for x in xs)
+
+    eager = grads(loss)
+    explained = torch._dynamo.explain(loss)(*leaves(*inputs))
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    return eager, grads(torch.compile(loss, fullgraph=True, backend=backend))

@@ -158,13 +158,8 @@ class BackwardCta {
 
   template <int kTileRows, int kChunks>
   __device__ void copy(int offset, const Elem* src, int64_t stride, int valid) {
-    if (aligned16_) {
-      copy_rows<Elem, kTileRows, kChunks, C::kThreads, true>(smem_base_ + offset, smem_ + offset, src, stride, valid,
-                                                             tid_);
-    } else {
-      copy_rows<Elem, kTileRows, kChunks, C::kThreads, false>(smem_base_ + offset, smem_ + offset, src, stride, valid,
-                                                              tid_);
-    }
+    copy_rows_aligned_as<Elem, kTileRows, kChunks, C::kThreads>(aligned16_, smem_base_ + offset, smem_ + offset, src,
+                                                                stride, valid, tid_);
   }
 
   // Q and dO rows of item `it` into buffer `buf` (cp.async, not committed), lse (log2 domain)

@@ -147,13 +147,8 @@ class PrefillCta {
   // rows >= valid are zeros (copy_rows). The alignment branch is CTA-uniform.
   template <int kTileRows, int kChunks>
   __device__ void copy(int offset, const Elem* src, int64_t stride, int valid) {
-    if (aligned16_) {
-      copy_rows<Elem, kTileRows, kChunks, C::kThreads, true>(smem_base_ + offset, smem_ + offset, src, stride, valid,
-                                                             tid_);
-    } else {
-      copy_rows<Elem, kTileRows, kChunks, C::kThreads, false>(smem_base_ + offset, smem_ + offset, src, stride, valid,
-                                                              tid_);
-    }
+    copy_rows_aligned_as<Elem, kTileRows, kChunks, C::kThreads>(aligned16_, smem_base_ + offset, smem_ + offset, src,
+                                                                stride, valid, tid_);
   }
 
   // S = Q K^T of the warp's 16 rows x kKeys keys, then the online softmax of rows g, g + 8;

@@ -121,6 +121,18 @@ __device__ __forceinline__ void copy_rows(uint32_t tile, unsigned char* tile_ptr
   }
 }
 
+// copy_rows with the alignment known at run time (a CTA-uniform flag): 16-byte copies when
+// every row and `src` are 16-byte aligned, 4-byte ones otherwise.
+template <typename Elem, int kTileRows, int kChunks, int kThreads>
+__device__ __forceinline__ void copy_rows_aligned_as(bool aligned16, uint32_t tile, unsigned char* tile_ptr,
+                                                     const Elem* src, int64_t stride, int valid_rows, int tid) {
+  if (aligned16) {
+    copy_rows<Elem, kTileRows, kChunks, kThreads, true>(tile, tile_ptr, src, stride, valid_rows, tid);
+  } else {
+    copy_rows<Elem, kTileRows, kChunks, kThreads, false>(tile, tile_ptr, src, stride, valid_rows, tid);
+  }
+}
+
 // The grid of the MHA kernels: (tiles, heads, b) with y and z capped at CUDA's 65535; the
 // kernels walk the heads and sequences past the caps (head += gridDim.y, seq += gridDim.z).
 inline dim3 tiles_heads_batch_grid(int64_t tiles, int heads, int b) {
