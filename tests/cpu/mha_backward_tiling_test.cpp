@@ -1,0 +1,75 @@
+// The MHA backward's host-side tiling (src/common/mha_backward_tiling.h): the workspace layout
+// both the host (size) and the kernels (offsets) read, the query tile per head dims, and the
+// shared memory each main-kernel config asks for against the devices' per-block limits.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "common/mha_backward_tiling.h"
+
+namespace mlakit::detail {
+namespace {
+
+constexpr int64_t kMiB = 1024 * 1024;
+
+// The worked example of the header comment: b 4, total_q 16384, h_q 32, d_qk 128,
+// max_seqlen_q 4096.
+TEST(MhaBackwardTiling, WorkspaceOfTheWorkedExample) {
+  const MhaBackwardWorkspace w = mha_backward_workspace(4, 16384, 32, 128, 4096, /*deterministic=*/true);
+  EXPECT_EQ(w.dq_accum_offset, 0);
+  EXPECT_EQ(w.row_dot_offset, 256 * kMiB);                // dq_accum: 16384 * 32 * 128 floats
+  EXPECT_EQ(w.counters_offset, 256 * kMiB + 2 * kMiB);   // row_dot: 32 * 16384 floats
+  EXPECT_EQ(w.counters, 4 * 32 * (4096 / 64));           // 64-row query tiles at d_qk 128
+  EXPECT_EQ(w.bytes, w.counters_offset + 32 * 1024);
+}
+
+TEST(MhaBackwardTiling, PartsAreAlignedAndCountersOnlyInTheDeterministicMode) {
+  for (int d_qk : {64, 128, 192, 256}) {
+    for (int64_t total_q : {int64_t{0}, int64_t{1}, int64_t{33}, int64_t{4097}}) {
+      for (bool deterministic : {false, true}) {
+        const MhaBackwardWorkspace w = mha_backward_workspace(3, total_q, 5, d_qk, 300, deterministic);
+        SCOPED_TRACE(::testing::Message() << "d_qk " << d_qk << " total_q " << total_q << " det " << deterministic);
+        EXPECT_EQ(w.row_dot_offset % kMhaBackwardAlignment, 0);
+        EXPECT_EQ(w.counters_offset % kMhaBackwardAlignment, 0);
+        EXPECT_EQ(w.bytes % kMhaBackwardAlignment, 0);
+        EXPECT_GE(w.row_dot_offset, total_q * 5 * d_qk * 4);
+        EXPECT_GE(w.counters_offset - w.row_dot_offset, total_q * 5 * 4);
+        EXPECT_EQ(w.counters, deterministic ? 3 * 5 * mha_backward_query_tiles(300, d_qk) : 0);
+        EXPECT_GE(w.bytes - w.counters_offset, w.counters * 4);
+        if (total_q == 0 && !deterministic) EXPECT_EQ(w.bytes, 0);  // nothing to hold: no workspace
+      }
+    }
+  }
+}
+
+TEST(MhaBackwardTiling, QueryTilesFollowTheHeadDims) {
+  EXPECT_EQ(mha_backward_query_rows(64), 64);
+  EXPECT_EQ(mha_backward_query_rows(128), 64);
+  EXPECT_EQ(mha_backward_query_rows(192), 32);
+  EXPECT_EQ(mha_backward_query_rows(256), 32);
+  EXPECT_EQ(mha_backward_query_tiles(0, 128), 0);
+  EXPECT_EQ(mha_backward_query_tiles(1, 128), 1);
+  EXPECT_EQ(mha_backward_query_tiles(65, 128), 2);
+  EXPECT_EQ(mha_backward_query_tiles(65, 192), 3);
+}
+
+// Without the dQ staging every config fits sm80's 163 KB; with it (sm90 only) sm90's 227 KB.
+// sm86 / sm89 (99 KB) take d 64 only: the host reports the others as unsupported there.
+TEST(MhaBackwardTiling, SharedMemoryFitsTheDevicesThatRunEachVariant) {
+  const int pairs[4][2] = {{64, 64}, {128, 128}, {192, 128}, {256, 256}};
+  for (const auto& p : pairs) {
+    const int plain = mha_backward_smem_bytes(p[0], p[1], /*bulk_dq=*/false);
+    const int staged = mha_backward_smem_bytes(p[0], p[1], /*bulk_dq=*/true);
+    SCOPED_TRACE(::testing::Message() << "d " << p[0] << "/" << p[1]);
+    EXPECT_GT(plain, 0);
+    EXPECT_LE(plain, 163 * 1024);
+    EXPECT_GT(staged, plain);
+    EXPECT_LE(staged, 227 * 1024);
+  }
+  EXPECT_LE(mha_backward_smem_bytes(64, 64, false), 99 * 1024);
+  EXPECT_GT(mha_backward_smem_bytes(128, 128, false), 99 * 1024);
+  EXPECT_EQ(mha_backward_smem_bytes(96, 96, false), 0);  // not a supported pair
+}
+
+}  // namespace
+}  // namespace mlakit::detail
