@@ -7,7 +7,8 @@
 // query head of that kv head that sees any of its keys (causal: from the first such tile).
 // dK and dV of its keys stay in registers over the whole walk (so GQA's sum over query heads
 // and the sum over queries cost no memory traffic and no atomics); dQ of each query tile is
-// added into the float32 workspace dq_accum, by atomics.
+// added into the float32 workspace dq_accum: on sm90 (kBulkDq) by bulk reductions of whole
+// rows from a per-warp staging area, elsewhere one float reduction per value.
 //
 // Warps: warp w owns keys 16 (w % kKeyGroups) .. + 15 and columns (w / kKeyGroups) of kDSplit
 // equal slices of dK and dV. Everything is computed transposed (keys as the MMA rows), so the
@@ -19,7 +20,7 @@
 //   dV  += P^T dO,  dK += dS^T Q      (the warp's column slice)
 //   dS^T -> shared memory (q's dtype); barrier
 //   dQ   = dS K for the tile's queries, split over all warps in 16-row x 64-column units, each
-//          added into dq_accum (atomicAdd, float32)
+//          added into dq_accum (float32)
 // With kDSplit = 2 (d 256) both warps of a key group compute the same S^T and dP^T: the price
 // of holding dK and dV of 512 columns in two warps' registers.
 //
@@ -32,7 +33,7 @@
 //             [deterministic: thread 0 waits for this query tile's counter to reach this key tile]
 //             __syncthreads   (dS^T visible)
 //             dQ -> dq_accum
-//             [deterministic: __syncthreads; thread 0 advances the counter]
+//             [deterministic: the adds complete (bulk); __syncthreads; thread 0 advances the counter]
 //   epilogue: dK * softmax_scale and dV, stored from the accumulators (4-byte pairs).
 // Deterministic mode: the key tiles that add into a query tile are a prefix 0..L of the
 // sequence's key tiles (causal too). They add from L down to 0: key tile n waits until the
@@ -45,12 +46,12 @@
 // Rows past Lq and keys past Lk are zero-filled in shared memory (NaN may live there); their
 // lse is +inf (P = 0) and D = 0, keys past Lk are masked: no NaN reaches a sum.
 //
-// Shared memory (BackwardConfig): K [kKeys][d_qk] | V [kKeys][d_v] | Q [2][kRows][d_qk] |
-// dO [2][kRows][d_v] (swizzled 128-byte lines, mha_prefill_tile.cuh) | dS^T [kKeys][kRows]
-// (rows padded by 16 bytes) | lse, D [2][kRows] float32: 58 KB (64), 106 KB (128), 85 KB
-// (192, 128), 99 KB (256).
-// Registers per thread: dK d_qk / kDSplit / 2 floats, dV d_v / kDSplit / 2, S^T and dP^T
-// kRows / 2 each: 128 (64), 192 (128), 192 (192, 128), 160 (256).
+// Shared memory (MhaBackwardConfig, common/mha_backward_tiling.h): K [kKeys][d_qk] |
+// V [kKeys][d_v] | Q [2][kRows][d_qk] | dO [2][kRows][d_v] (swizzled 128-byte lines,
+// mha_prefill_tile.cuh) | dS^T [kKeys][kRows] (rows padded by 16 bytes) | lse, D [2][kRows]
+// float32 | sm90: dQ staging [warps][16][64] float32 (rows padded to 288 bytes). 8 warps, 128
+// keys (64 at d 256), one CTA per SM; the sizes and register counts per head-dim pair are in
+// docs/kernels/mha_backward_portable.md.
 #pragma once
 
 #include <cuda_runtime.h>
