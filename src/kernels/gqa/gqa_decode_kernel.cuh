@@ -432,8 +432,30 @@ class GqaDecodeCta {
 
   // S = Q K^T for 16 rows x 16 keys: two 16x8 accumulators (keys 0-7, 8-15). Q by ldmatrix
   // (rows lane % 8 + 8 (lane / 8 % 2), columns + 8 (lane / 16)).
+  // Every kSumGroup values of d the accumulators are added into s (a rounded float add) and
+  // restart from zero: the tensor cores' float32 accumulation truncates at every k-step
+  // relative to the running sum, so its error grows with the number of steps, and a logit
+  // near zero (a one-key row's LSE) missed the reference by 1.1e-6 at d = 256.
+  static constexpr int kSumGroup = 64;
   __device__ void scores(uint32_t k_tile, float (&s)[2][4]) {
+    static_assert(D % kSumGroup == 0, "whole groups");
     device::MmaFragC c[2] = {};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+    }
+    const auto add_group = [&](int done) {  // done: values of d summed so far
+      if (done % kSumGroup != 0) return;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] += c[j].d[e];
+          c[j].d[e] = 0.f;
+        }
+      }
+    };
     const uint32_t q_base = device::smem_address(q_smem());
     const int q_row = lane_ % 8 + 8 * (lane_ / 8 % 2), q_col = 8 * (lane_ / 16);
     if constexpr (T::kQuantized) {
@@ -454,6 +476,7 @@ class GqaDecodeCta {
         device::mma_m16n8k16(a0, {b1.x, b1.y}, c[1], QkElem{});
         device::mma_m16n8k16(a1, {b2.x, b2.y}, c[0], QkElem{});
         device::mma_m16n8k16(a1, {b3.x, b3.y}, c[1], QkElem{});
+        add_group(kk + 32);
       }
     } else {
       // K by ldmatrix (keys lane % 8 + 8 (lane / 16), columns + 8 (lane / 8 % 2)): the two
@@ -466,12 +489,8 @@ class GqaDecodeCta {
         device::ldmatrix_x4(b, (T::line_address(k_tile, k_row, 2 * kk & ~127) ^ k_col_byte) ^ (2 * kk & 127));
         device::mma_m16n8k16(a, {b[0], b[1]}, c[0], Elem{});
         device::mma_m16n8k16(a, {b[2], b[3]}, c[1], Elem{});
+        add_group(kk + 16);
       }
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = c[j].d[e];
     }
   }
 
