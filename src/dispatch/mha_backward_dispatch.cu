@@ -3,9 +3,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <string>
+
 #include "dispatch/cuda_status.h"
 #include "dispatch/mha_prefill_dispatch.h"
 #include "kernels/portable/launch.h"
+#include "kernels/sm90/launch.h"
 
 namespace mlakit::detail {
 namespace {
@@ -57,10 +60,12 @@ MhaBackwardParams mha_backward_params(const MhaPrefillBackwardArgs& a, const Mha
   return p;
 }
 
+// maps: the Hopper main kernel's, or null for the portable one.
 template <typename Elem>
-Status run(const MhaBackwardParams& params, cudaStream_t stream) {
+Status run(const MhaBackwardParams& params, const MhaBackwardMaps* maps, cudaStream_t stream) {
   MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, launch_mha_backward_preprocess<Elem>(params, stream)));
-  MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, launch_mha_backward_main_portable<Elem>(params, stream)));
+  MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, maps != nullptr ? launch_mha_backward_sm90<Elem>(params, *maps, stream)
+                                                          : launch_mha_backward_main_portable<Elem>(params, stream)));
   return cuda_status(kOp, launch_mha_backward_postprocess<Elem>(params, stream));
 }
 
@@ -70,8 +75,21 @@ Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefil
                              const MhaBackwardWorkspace& layout, bool bulk_dq, void* workspace,
                              cudaStream_t stream) {
   const MhaBackwardParams params = mha_backward_params(args, shape, softmax_scale, layout, bulk_dq, workspace);
-  if (args.q.dtype == DType::kBF16) return run<__nv_bfloat16>(params, stream);
-  return run<__half>(params, stream);
+  const bool bf16 = args.q.dtype == DType::kBF16;
+  MhaBackwardMaps maps;
+  if (args.kernel == MlaKernel::kSm90) {
+    if (!mha_sm90_backward_supported(shape.d_qk, shape.d_v, args.deterministic, shape.h_kv, static_cast<int>(shape.b))) {
+      return Status(StatusCode::kUnsupported, std::string(kOp) + ": kernel: kSm90 serves d_qk = d_v = 128 without the deterministic mode (got (" +
+                                  std::to_string(shape.d_qk) + ", " + std::to_string(shape.d_v) + ")" +
+                                  (args.deterministic ? ", deterministic" : "") + "): expected kAuto or kPortable");
+    }
+    std::string why;
+    if (!make_mha_backward_maps(params, bf16, &maps, &why)) {
+      return Status(StatusCode::kInvalidArgument, std::string(kOp) + ": kernel: kSm90 cannot take this layout: " + why);
+    }
+  }
+  const MhaBackwardMaps* sm90 = args.kernel == MlaKernel::kSm90 ? &maps : nullptr;
+  return bf16 ? run<__nv_bfloat16>(params, sm90, stream) : run<__half>(params, sm90, stream);
 }
 
 }  // namespace mlakit::detail

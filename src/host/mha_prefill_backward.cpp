@@ -19,12 +19,12 @@ namespace {
 
 constexpr const char* kOp = "mha_prefill_backward";
 
-// The kernel request: kAuto and kPortable run the portable kernels; there is no Hopper
-// backward kernel yet, so kSm90 is a valid request this build does not implement.
+// The kernel request: kAuto and kPortable run the portable kernels; kSm90 the Hopper main
+// kernel (not yet chosen by kAuto: it has not been validated on a GPU), where it serves the
+// problem (the dispatch says why not otherwise).
 Status check_kernel_request(const char* op, MlaKernel kernel) {
-  if (kernel == MlaKernel::kAuto || kernel == MlaKernel::kPortable) return Status::ok();
-  if (kernel == MlaKernel::kSm90) {
-    return detail::unsupported(op, "kernel: kSm90 has no backward kernel yet: expected kAuto or kPortable");
+  if (kernel == MlaKernel::kAuto || kernel == MlaKernel::kPortable || kernel == MlaKernel::kSm90) {
+    return Status::ok();
   }
   return detail::invalid(op, "kernel: expected kAuto, kPortable or kSm90, got " +
                                  std::to_string(static_cast<int>(kernel)));
@@ -58,6 +58,11 @@ Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, void* workspace,
   for (const auto& [name, t] : rows) MLAKIT_RETURN_IF_ERROR(detail::check_mha_row_alignment(kOp, name, *t, kPairBytes));
   detail::DeviceInfo dev;
   MLAKIT_RETURN_IF_ERROR(detail::current_supported_device(kOp, &dev));
+  if (args.kernel == MlaKernel::kSm90 && dev.cc_major != 9) {
+    return Status(StatusCode::kUnsupportedArchitecture,
+                  std::string(kOp) + ": kernel: kSm90 needs a GPU of compute capability 9.x, this one is " +
+                      std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
+  }
   // sm90 adds dQ by bulk reductions (a staging area in shared memory); older GPUs by atomics.
   const bool bulk_dq = dev.cc_major >= 9;
   const int smem = detail::mha_backward_smem_bytes(shape.d_qk, shape.d_v, bulk_dq);

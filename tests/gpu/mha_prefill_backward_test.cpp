@@ -275,7 +275,8 @@ bool all_poisoned(const DeviceBackwardCase& d) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The sweep: every case in both modes with kAuto and kPortable, three calls each.
+// The sweep: every case in both modes with kAuto, kPortable and kSm90 (d 128 in the default
+// mode; refused otherwise), three calls each.
 
 using SweepParam = std::tuple<BackwardCase, bool, MlaKernel>;
 
@@ -288,7 +289,20 @@ TEST_P(MhaPrefillBackwardSweep, MatchesReferenceAndDeterministicModeRepeatsBitwi
   const std::string what =
       support::describe(bc.spec) + ", " + backward_mode_name(deterministic) + " mode, kernel " + kernel_name(kernel);
 
+  if (kernel == MlaKernel::kSm90 && !is_hopper()) GTEST_SKIP() << "the sm90 kernel needs a compute capability 9.0 GPU";
   DeviceBackwardCase d(p.c, deterministic, kernel);
+  const auto& spec = bc.spec.problem;
+  if (kernel == MlaKernel::kSm90 && (spec.d_qk != 128 || spec.d_v != 128 || deterministic)) {
+    // The Hopper kernel serves d 128 in the default mode: anything else is refused, naming
+    // the argument, before anything is written.
+    d.poison();
+    const Status st = d.launch();
+    EXPECT_EQ(st.code(), StatusCode::kUnsupported) << what << ": " << st.to_string();
+    EXPECT_TRUE(message_names_argument(st.message(), "kernel")) << st.message();
+    MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+    EXPECT_TRUE(all_poisoned(d)) << what << ": a refused call wrote a gradient";
+    return;
+  }
   Grads first;
   for (int call = 0; call < kCalls; ++call) {
     d.poison();
@@ -309,7 +323,7 @@ TEST_P(MhaPrefillBackwardSweep, MatchesReferenceAndDeterministicModeRepeatsBitwi
 
 INSTANTIATE_TEST_SUITE_P(Sweep, MhaPrefillBackwardSweep,
                          ::testing::Combine(::testing::ValuesIn(sweep_cases()), ::testing::Bool(),
-                                            ::testing::Values(MlaKernel::kAuto, MlaKernel::kPortable)),
+                                            ::testing::Values(MlaKernel::kAuto, MlaKernel::kPortable, MlaKernel::kSm90)),
                          [](const ::testing::TestParamInfo<SweepParam>& info) {
                            return std::get<0>(info.param).name + "_" + backward_mode_name(std::get<1>(info.param)) +
                                   "_" + kernel_name(std::get<2>(info.param));
@@ -500,7 +514,7 @@ TEST(MhaPrefillBackwardValidation, WorkspaceAndOptions) {
     std::size_t unused = 0;
     s = mha_prefill_backward_workspace_size(a, &unused);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "size query, kernel 7: " << s.to_string();
-    a.kernel = MlaKernel::kSm90;  // no Hopper backward kernel yet, on any GPU
+    a.kernel = MlaKernel::kSm90;  // d 64: the Hopper backward serves d 128 only
     s = mha_prefill_backward(a, d.workspace.get(), d.workspace.bytes(), nullptr);
     EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
     EXPECT_TRUE(message_names_argument(s.message(), "kernel")) << s.message();

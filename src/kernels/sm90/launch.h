@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "kernels/mha_backward_params.h"
 #include "kernels/mha_prefill_params.h"
 #include "kernels/mla_params.h"
 
@@ -107,5 +108,29 @@ bool make_mha_prefill_maps(const MhaPrefillParams& params, bool bf16, MhaPrefill
 // warp and two consumer warpgroups of 64 query rows each. Elem: __nv_bfloat16 or __half.
 template <typename Elem>
 cudaError_t launch_mha_prefill_sm90(const MhaPrefillParams& params, const MhaPrefillMaps& maps, cudaStream_t stream);
+
+// ---- MHA prefill backward (mha_backward/) ----
+
+// Head dims the Hopper backward serves (the portable kernel serves every pair): d 128, not
+// the deterministic mode, grids within CUDA's y / z limits.
+constexpr bool mha_sm90_backward_supported(int d_qk, int d_v, bool deterministic, int h_kv, int b) {
+  return d_qk == 128 && d_v == 128 && !deterministic && h_kv <= 65535 && b <= 65535;
+}
+inline constexpr int kMhaBackwardSm90KeyRows = 128;  // keys per CTA (its K / V maps' boxes)
+
+// Its TMA maps: q, k, v and dout as 4D maps {d, heads, tokens, 1} read in boxes of 64 columns
+// x 1 head x a tile of tokens (query tiles of mha_backward_query_rows, 128 keys), 128-byte
+// swizzled.
+struct MhaBackwardMaps {
+  CUtensorMap q, k, v, dout;
+};
+bool make_mha_backward_maps(const MhaBackwardParams& params, bool bf16, MhaBackwardMaps* maps, std::string* why);
+
+// Grid (128-key tiles of max_seqlen_k, h_kv, b); one producer warp and two consumer
+// warpgroups of 64 keys each. Elem: __nv_bfloat16 or __half. The portable row kernels run
+// before (D, dq_accum zeroed) and after (dq converted).
+template <typename Elem>
+cudaError_t launch_mha_backward_sm90(const MhaBackwardParams& params, const MhaBackwardMaps& maps,
+                                     cudaStream_t stream);
 
 }  // namespace mlakit::detail

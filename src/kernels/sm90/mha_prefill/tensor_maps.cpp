@@ -1,5 +1,7 @@
-// The TMA maps of the Hopper MHA prefill: q, k and v [tokens, heads, d] as 4D maps {d, heads,
-// tokens, 1} with boxes of 64 columns x 1 head x a tile of tokens, 128-byte swizzled.
+// The TMA maps of the Hopper MHA prefill (q, k, v) and backward (q, k, v, dout): [tokens,
+// heads, d] as 4D maps {d, heads, tokens, 1} with boxes of 64 columns x 1 head x a tile of
+// tokens, 128-byte swizzled.
+#include "common/mha_backward_tiling.h"
 #include "kernels/sm90/launch.h"
 
 namespace mlakit::detail {
@@ -36,6 +38,22 @@ bool make_mha_prefill_maps(const MhaPrefillParams& p, bool bf16, MhaPrefillMaps*
   }
   if (p.total_k == 0) return true;  // no key anywhere: the kernel loads no K or V tile
   return encode_tma_4d_map(rows_tensor(p.k, bf16, p.total_k, p.h_kv, p.d_qk, p.k_stride_t, p.k_stride_h), kv_box, "k",
+                           &maps->k, why) &&
+         encode_tma_4d_map(rows_tensor(p.v, bf16, p.total_k, p.h_kv, p.d_v, p.v_stride_t, p.v_stride_h), kv_box, "v",
+                           &maps->v, why);
+}
+
+bool make_mha_backward_maps(const MhaBackwardParams& p, bool bf16, MhaBackwardMaps* maps, std::string* why) {
+  constexpr cuuint32_t kBoxCols = 64;
+  const cuuint32_t q_box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(mha_backward_query_rows(p.d_qk)), 1};
+  const cuuint32_t kv_box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(kMhaBackwardSm90KeyRows), 1};
+  *maps = MhaBackwardMaps{};
+  if (p.total_q == 0 || p.total_k == 0) return true;  // the kernel loads nothing
+  return encode_tma_4d_map(rows_tensor(p.q, bf16, p.total_q, p.h_q, p.d_qk, p.q_stride_t, p.q_stride_h), q_box, "q",
+                           &maps->q, why) &&
+         encode_tma_4d_map(rows_tensor(p.dout, bf16, p.total_q, p.h_q, p.d_v, p.dout_stride_t, p.dout_stride_h),
+                           q_box, "dout", &maps->dout, why) &&
+         encode_tma_4d_map(rows_tensor(p.k, bf16, p.total_k, p.h_kv, p.d_qk, p.k_stride_t, p.k_stride_h), kv_box, "k",
                            &maps->k, why) &&
          encode_tma_4d_map(rows_tensor(p.v, bf16, p.total_k, p.h_kv, p.d_v, p.v_stride_t, p.v_stride_h), kv_box, "v",
                            &maps->v, why);

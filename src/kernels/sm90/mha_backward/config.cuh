@@ -1,0 +1,106 @@
+// Tile constants, the shared-memory map and the barriers of the Hopper MHA backward
+// (src/kernels/sm90/mha_backward/kernel.cuh; docs/kernels/mha_backward_sm90.md).
+//
+// A CTA owns kBlockN = 128 keys of one kv head of one sequence and runs every query tile
+// (kBlockM = 64 rows) of every query head of its group that sees them: dK and dV of its keys
+// stay in registers (two consumer warpgroups, 64 keys each), dQ of each query tile is added
+// into the float32 accumulator of the workspace (common/mha_backward_tiling.h).
+#pragma once
+
+#include <cstdint>
+
+#include "common/mha_backward_tiling.h"
+#include "device/sm90/swizzle.cuh"
+#include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
+
+namespace mlakit::detail::mha_bwd_sm90 {
+
+namespace dev = mlakit::device::sm90;
+
+template <int kDqkT, int kDvT>
+struct Config {
+  static constexpr int kDqk = kDqkT;
+  static constexpr int kDv = kDvT;
+  static constexpr int kConsumers = 2;
+  static constexpr int kKeysPerConsumer = 64;  // the M of S^T = K Q^T, one wgmma
+  static constexpr int kBlockN = kConsumers * kKeysPerConsumer;
+  // Query rows per tile: the workspace's query tiles (the deterministic counters' unit).
+  static constexpr int kBlockM = mha_backward_query_rows(kDqk);
+  static constexpr int kStages = 2;  // Q / dO tiles
+  static constexpr int kThreads = (1 + kConsumers) * dev::kWarpgroupThreads;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  static constexpr int kSlabCols = dev::kSwizzleRowBytes / 2;  // 16-bit elements per slab row
+  static constexpr int kQkSlabs = kDqk / kSlabCols;
+  static constexpr int kVSlabs = kDv / kSlabCols;
+  static constexpr int kKvSlabBytes = kBlockN * dev::kSwizzleRowBytes;   // 128 key rows
+  static constexpr int kQSlabBytes = kBlockM * dev::kSwizzleRowBytes;    // 64 query rows
+  static constexpr int kConsumerKeyOffset = kKeysPerConsumer * dev::kSwizzleRowBytes;  // consumer g's rows
+  static constexpr uint32_t kKBytes = kQkSlabs * kKvSlabBytes;
+  static constexpr uint32_t kVBytes = kVSlabs * kKvSlabBytes;
+  static constexpr uint32_t kQBytes = kQkSlabs * kQSlabBytes;
+  static constexpr uint32_t kDoBytes = kVSlabs * kQSlabBytes;
+  // dS [query][key] for dQ = dS K (the SS product's A, K-major): one 64-key slab per consumer.
+  static constexpr int kDsSlabBytes = kBlockM * dev::kSwizzleRowBytes;
+  // dQ staging per consumer: its kBlockM x 64 float32 columns, rows padded by 16 bytes (the
+  // accumulators' 8-byte stores of 8 rows fall in distinct bank groups); each row is one bulk
+  // reduction into dq_accum.
+  static constexpr int kDqCols = kDqk / kConsumers;
+  static constexpr int kDqRowBytes = kDqCols * 4 + 16;
+  static constexpr int kDqStageBytes = kBlockM * kDqRowBytes;
+
+  static_assert(kDqk == 128 && kDv == 128, "this kernel serves d 128 (the portable one the rest)");
+  static_assert(kBlockM == 64, "one m64 wgmma of dQ per query tile");
+  static_assert(kDqCols == kSlabCols, "each consumer's dQ columns are one K slab (the product's B)");
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  static_assert((kProducerRegs + kConsumers * kConsumerRegs) * dev::kWarpgroupThreads <= kLaunchRegs * kThreads,
+                "setmaxnreg: the consumers' registers come from the producer's");
+};
+
+template <class C>
+struct Smem {
+  uint8_t k[C::kQkSlabs][C::kKvSlabBytes];
+  uint8_t v[C::kVSlabs][C::kKvSlabBytes];
+  uint8_t q[C::kStages][C::kQkSlabs][C::kQSlabBytes];
+  uint8_t dout[C::kStages][C::kVSlabs][C::kQSlabBytes];
+  uint8_t ds[2][C::kConsumers][C::kDsSlabBytes];  // [tile parity][key slab]
+  alignas(16) uint8_t dq[C::kConsumers][C::kDqStageBytes];
+  // Per query row of a stage: lse in base 2 (+inf past the sequence: P = 0) and D =
+  // rowsum(dout * out) (0 past the sequence), written by the producer warp's lanes.
+  float lse2[C::kStages][C::kBlockM];
+  float row_dot[C::kStages][C::kBlockM];
+  uint64_t kv_full;                 // K and V landed (their rows past the sequence zeroed)
+  uint64_t kv_landed;               // the producer's own wait before zeroing
+  uint64_t q_full[C::kStages];      // Q and dO of a query tile landed (rows past the sequence zeroed)
+  uint64_t q_empty[C::kStages];     // every consumer warp is done with them
+  uint64_t q_landed;                // the producer's own wait before zeroing (a partial tile)
+};
+
+template <class C>
+inline constexpr int kSmemBytes = static_cast<int>(sizeof(Smem<C>)) + 1024;
+
+// Arrivals that free a Q / dO stage: lane 0 of every consumer warp.
+template <class C>
+inline constexpr uint32_t kEmptyArrivals = C::kConsumers * dev::kWarpsPerWarpgroup;
+
+template <class C>
+__device__ __forceinline__ Smem<C>& setup_shared_memory(uint8_t* raw) {
+  const uint32_t misalignment = dev::smem_u32(raw) & 1023u;
+  auto& sm = *reinterpret_cast<Smem<C>*>(raw + ((1024u - misalignment) & 1023u));
+  if (threadIdx.x == 0) {
+    dev::mbarrier_init(&sm.kv_full, 1);
+    dev::mbarrier_init(&sm.kv_landed, 1);
+    dev::mbarrier_init(&sm.q_landed, 1);
+    for (int s = 0; s < C::kStages; ++s) {
+      dev::mbarrier_init(&sm.q_full[s], 1);
+      dev::mbarrier_init(&sm.q_empty[s], kEmptyArrivals<C>);
+    }
+    dev::fence_mbarrier_init();
+  }
+  __syncthreads();
+  return sm;
+}
+
+}  // namespace mlakit::detail::mha_bwd_sm90

@@ -1,0 +1,260 @@
+// A consumer warpgroup of the Hopper MHA backward: 64 of the CTA's keys against every query
+// tile of the walk. Everything is computed transposed (keys as the wgmma rows), so P and dS
+// come out of their products in the layout of the next product's A fragments:
+//   S^T  = K Q^T,  dP^T = V dO^T                 (SS, m64 n64, keys x queries)
+//   P^T  = exp2(S^T scale_log2 - lse2[query]),   dS^T = P^T (dP^T - D[query])   (masked)
+//   dV  += P^T dO,  dK += dS^T Q                 (RS, m64 n d, from registers)
+//   dS  -> shared memory as [query][key]          (both consumers; barrier)
+//   dQ   = dS K, this consumer's 64 columns      (SS, m64 n64, all 128 keys)
+//   dQ  -> staging -> bulk reductions into dq_accum (float32, one 256-byte row each)
+// Fragments (device/sm90/wgmma_fragment.cuh): accumulator register i of thread t is in row
+// acc_row(t, i) (a key of S^T, a query of dQ) and column acc_col(t, i).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "device/async_proxy.cuh"
+#include "device/numeric.cuh"
+#include "device/sm90/sync.cuh"
+#include "device/sm90/wgmma.cuh"
+#include "device/sm90/wgmma_fragment.cuh"
+#include "kernels/sm90/mha_backward/config.cuh"
+#include "kernels/sm90/mha_backward/work.cuh"
+
+namespace mlakit::detail::mha_bwd_sm90 {
+
+template <class C, typename Elem>
+class Consumer {
+ public:
+  static constexpr int kSRegs = C::kBlockM / 2;    // S^T, dP^T: m64 n kBlockM
+  static constexpr int kKRegs = C::kDqk / 2;       // dK: m64 n d_qk
+  static constexpr int kVRegs = C::kDv / 2;        // dV: m64 n d_v
+  static constexpr int kQRegs = C::kDqCols / 2;    // dQ: m64 n 64
+  static constexpr int kQuerySteps = C::kBlockM / 16;   // k16 steps of dV, dK
+  static constexpr int kKeySteps = C::kBlockN / 16;     // k16 steps of dQ
+  static constexpr int kQkSteps = C::kDqk / 16;
+  static constexpr int kVSteps = C::kDv / 16;
+  static constexpr int kStepsPerSlab = C::kSlabCols / 16;
+
+  __device__ Consumer(const MhaBackwardParams& p, Smem<C>& sm, const BackwardWork& w, int g, int t)
+      : p_(p), sm_(sm), w_(w), g_(g), t_(t), lane_(t % dev::kWarpSize) {}
+
+  __device__ void run() {
+    float dk[kKRegs], dv[kVRegs];
+#pragma unroll
+    for (int i = 0; i < kKRegs; ++i) dk[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVRegs; ++i) dv[i] = 0.f;
+    if (w_.tiles > 0) dev::mbarrier_wait(&sm_.kv_full, 0);
+#pragma unroll 1
+    for (int it = 0; it < w_.tiles; ++it) tile(it, dk, dv);
+    if (t_ < C::kBlockM) device::bulk_wait_all();  // this thread's dQ reductions are done
+    store_key_gradients(dk, dv);
+  }
+
+ private:
+  using MmaS = dev::Wgmma<C::kBlockM, Elem>;   // S^T, dP^T
+  using MmaK = dev::Wgmma<C::kDqk, Elem>;      // dK
+  using MmaV = dev::Wgmma<C::kDv, Elem>;       // dV
+  using MmaQ = dev::Wgmma<C::kDqCols, Elem>;   // dQ
+  using Ops = device::ElemOps<Elem>;
+
+  // Named barriers (0 is __syncthreads'): both consumers' dS written; each consumer's dQ
+  // staging free / written.
+  static constexpr uint32_t kDsBarrier = 1;
+  static constexpr uint32_t kStagingBarrier = 2;  // + g
+  static constexpr uint32_t kBothThreads = C::kConsumers * dev::kWarpgroupThreads;
+
+  __device__ void tile(int it, float (&dk)[kKRegs], float (&dv)[kVRegs]) {
+    const int stage = it % C::kStages;
+    const int head = tile_head<C>(p_, w_, it), row0 = tile_row0<C>(w_, it);
+    dev::mbarrier_wait(&sm_.q_full[stage], (it / C::kStages) & 1);
+
+    float s[kSRegs], dp[kSRegs];
+    scores(s, dp, stage);
+    uint32_t pfrag[kQuerySteps][4], dsfrag[kQuerySteps][4];
+    gradients_of_scores(s, dp, stage, row0, it & 1, pfrag, dsfrag);
+    device::fence_proxy_async_shared();  // dS, read by the dQ product (async proxy)
+    key_products(dk, dv, pfrag, dsfrag, stage);
+    dev::named_barrier_sync(kDsBarrier, kBothThreads);  // both consumers' dS slabs written
+
+    float dq[kQRegs];
+    query_product(dq, it & 1);
+    dev::wgmma_wait<0>();
+    dev::fence_registers(dq);
+    dev::fence_registers(dk);
+    dev::fence_registers(dv);
+    dev::fence_registers(pfrag);
+    dev::fence_registers(dsfrag);
+    if (lane_ == 0) dev::mbarrier_arrive(&sm_.q_empty[stage]);  // Q, dO, lse, D of the stage read
+    add_dq(dq, head, row0);
+  }
+
+  // S^T = K Q^T and dP^T = V dO^T of this consumer's 64 keys (SS, both operands K-major).
+  __device__ void scores(float (&s)[kSRegs], float (&dp)[kSRegs], int stage) {
+    const uint32_t key_rows = g_ * C::kConsumerKeyOffset;
+    const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.k[0][0]) + key_rows, 16, 1024));
+    const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[stage][0][0]), 16, 1024));
+    const uint64_t v_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.v[0][0]) + key_rows, 16, 1024));
+    const uint64_t o_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.dout[stage][0][0]), 16, 1024));
+    dev::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kQkSteps; ++k) {
+      const uint32_t in_slab = (k % kStepsPerSlab) * 32;
+      const int slab = k / kStepsPerSlab;
+      MmaS::template ss<0>(s, dev::advance_desc(k_desc, slab * C::kKvSlabBytes + in_slab),
+                           dev::advance_desc(q_desc, slab * C::kQSlabBytes + in_slab), k > 0);
+    }
+#pragma unroll
+    for (int k = 0; k < kVSteps; ++k) {
+      const uint32_t in_slab = (k % kStepsPerSlab) * 32;
+      const int slab = k / kStepsPerSlab;
+      MmaS::template ss<0>(dp, dev::advance_desc(v_desc, slab * C::kKvSlabBytes + in_slab),
+                           dev::advance_desc(o_desc, slab * C::kQSlabBytes + in_slab), k > 0);
+    }
+    dev::wgmma_commit();
+    dev::wgmma_wait<0>();
+    dev::fence_registers(s);
+    dev::fence_registers(dp);
+  }
+
+  // P^T and dS^T from S^T and dP^T (in place), packed into the RS A fragments over the
+  // queries (pack(x[8 kb + 2 r], x[8 kb + 2 r + 1]) for query block kb, as the forward's P),
+  // and dS stored as [query][key] (q's dtype, 128-byte swizzle) into this consumer's slab of
+  // the tile parity's dS buffer. Keys past the sequence and (causal) keys a query does not see
+  // get P = 0; queries past the sequence have lse2 +inf (P = 0) and D 0.
+  __device__ void gradients_of_scores(float (&s)[kSRegs], float (&dp)[kSRegs], int stage, int row0, int parity,
+                                      uint32_t (&pfrag)[kQuerySteps][4], uint32_t (&dsfrag)[kQuerySteps][4]) {
+    const int c = lane_ % 4;
+    const int key_base = w_.key0 + g_ * C::kKeysPerConsumer;
+    const int diagonal = w_.k_len - w_.q_len;  // query t sees keys j with j - t <= Lk - Lq
+    const bool masked = w_.key0 + C::kBlockN > w_.k_rows ||
+                        (p_.causal && int64_t{w_.key0} + C::kBlockN - 1 - row0 > diagonal);
+    uint8_t* ds_slab = &sm_.ds[parity][g_][0];
+#pragma unroll
+    for (int j8 = 0; j8 < kSRegs / 4; ++j8) {
+      const int col = 8 * j8 + 2 * c;
+      const float2 lse = *reinterpret_cast<const float2*>(&sm_.lse2[stage][col]);
+      const float2 dd = *reinterpret_cast<const float2*>(&sm_.row_dot[stage][col]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * j8 + e;
+        const float l2 = (e & 1) ? lse.y : lse.x;
+        const float d = (e & 1) ? dd.y : dd.x;
+        float x = device::fast_exp2(s[i] * p_.scale_log2 - l2);
+        const int key_local = dev::acc_row(t_, i);
+        if (masked) {
+          const int key = key_base + key_local;
+          const bool visible = key < w_.k_rows && (!p_.causal || key - (row0 + col + (e & 1)) <= diagonal);
+          if (!visible) x = 0.f;
+        }
+        s[i] = x;
+        dp[i] = x * (dp[i] - d);
+        // dS[query][key] into the swizzled slab: row = query, 16-byte chunk = key / 8.
+        const int query = col + (e & 1);
+        *reinterpret_cast<Elem*>(ds_slab + dev::sw128_offset(query, key_local / 8) + (key_local % 8) * 2) =
+            Ops::from_float(dp[i]);
+      }
+    }
+#pragma unroll
+    for (int kb = 0; kb < kQuerySteps; ++kb) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        pfrag[kb][r] = Ops::pack(s[8 * kb + 2 * r], s[8 * kb + 2 * r + 1]);
+        dsfrag[kb][r] = Ops::pack(dp[8 * kb + 2 * r], dp[8 * kb + 2 * r + 1]);
+      }
+    }
+  }
+
+  // dV += P^T dO and dK += dS^T Q (RS; dO and Q are N-major for these products: 8-row groups
+  // 1024 bytes apart, 64-column slabs a slab apart), committed, not waited for.
+  __device__ void key_products(float (&dk)[kKRegs], float (&dv)[kVRegs], const uint32_t (&pfrag)[kQuerySteps][4],
+                               const uint32_t (&dsfrag)[kQuerySteps][4], int stage) {
+    const uint64_t o_desc =
+        dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.dout[stage][0][0]), C::kQSlabBytes, 1024));
+    const uint64_t q_desc =
+        dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[stage][0][0]), C::kQSlabBytes, 1024));
+    dev::wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < kQuerySteps; ++kb) {
+      MmaV::template rs<1>(dv, pfrag[kb], dev::advance_desc(o_desc, kb * 16 * dev::kSwizzleRowBytes), true);
+    }
+#pragma unroll
+    for (int kb = 0; kb < kQuerySteps; ++kb) {
+      MmaK::template rs<1>(dk, dsfrag[kb], dev::advance_desc(q_desc, kb * 16 * dev::kSwizzleRowBytes), true);
+    }
+    dev::wgmma_commit();
+  }
+
+  // dQ (this consumer's 64 columns) = dS K over all 128 keys: A = dS [query][key] (K-major, a
+  // slab per 64 keys), B = K slab g as N-major (rows = keys, the slab's 64 columns).
+  __device__ void query_product(float (&dq)[kQRegs], int parity) {
+    const uint64_t ds_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.ds[parity][0][0]), 16, 1024));
+    const uint64_t k_desc =
+        dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.k[g_][0]), C::kKvSlabBytes, 1024));
+    dev::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kKeySteps; ++k) {
+      const uint32_t in_slab = (k % kStepsPerSlab) * 32;
+      const int slab = k / kStepsPerSlab;
+      MmaQ::template ss<1>(dq, dev::advance_desc(ds_desc, slab * C::kDsSlabBytes + in_slab),
+                           dev::advance_desc(k_desc, k * 16 * dev::kSwizzleRowBytes), k > 0);
+    }
+    dev::wgmma_commit();
+  }
+
+  // dQ of the tile's rows inside the sequence, added into dq_accum: staged as float32 rows
+  // (the previous tile's reductions must have read the staging first), then thread r < 64
+  // adds row r with one bulk reduction.
+  __device__ void add_dq(const float (&dq)[kQRegs], int head, int row0) {
+    uint8_t* staging = &sm_.dq[g_][0];
+    if (t_ < C::kBlockM) device::bulk_wait_reads();
+    dev::named_barrier_sync(kStagingBarrier + g_, dev::kWarpgroupThreads);
+#pragma unroll
+    for (int i = 0; i < kQRegs; i += 2) {
+      const int row = dev::acc_row(t_, i), col = dev::acc_col(lane_, i);
+      *reinterpret_cast<float2*>(staging + row * C::kDqRowBytes + col * 4) = make_float2(dq[i], dq[i + 1]);
+    }
+    device::fence_proxy_async_shared();
+    dev::named_barrier_sync(kStagingBarrier + g_, dev::kWarpgroupThreads);
+    if (t_ < C::kBlockM && row0 + t_ < w_.q_rows) {
+      const int64_t token = int64_t{w_.q_begin} + row0 + t_;
+      float* dst = p_.dq_accum + (token * p_.h_q + head) * C::kDqk + g_ * C::kDqCols;
+      device::bulk_reduce_add_f32(dst, dev::smem_u32(staging + t_ * C::kDqRowBytes), C::kDqCols * 4);
+      device::bulk_commit_group();
+    }
+  }
+
+  // dK (times softmax_scale) and dV of this consumer's keys inside the sequence, in q's dtype,
+  // two columns per 4-byte store.
+  __device__ void store_key_gradients(const float (&dk)[kKRegs], const float (&dv)[kVRegs]) const {
+    const int64_t key_row0 = int64_t{w_.k_begin} + w_.key0 + g_ * C::kKeysPerConsumer;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key_local = dev::acc_row(t_, 2 * h);
+      if (w_.key0 + g_ * C::kKeysPerConsumer + key_local >= w_.k_rows) continue;
+      const int64_t row = key_row0 + key_local;
+      Elem* dk_row = static_cast<Elem*>(p_.dk) + row * p_.dk_stride_t + w_.kv_head * p_.dk_stride_h;
+      Elem* dv_row = static_cast<Elem*>(p_.dv) + row * p_.dv_stride_t + w_.kv_head * p_.dv_stride_h;
+#pragma unroll
+      for (int q = 0; q < kKRegs / 4; ++q) {
+        const int i = 4 * q + 2 * h;
+        *reinterpret_cast<uint32_t*>(dk_row + dev::acc_col(lane_, i)) =
+            Ops::pack(dk[i] * p_.softmax_scale, dk[i + 1] * p_.softmax_scale);
+      }
+#pragma unroll
+      for (int q = 0; q < kVRegs / 4; ++q) {
+        const int i = 4 * q + 2 * h;
+        *reinterpret_cast<uint32_t*>(dv_row + dev::acc_col(lane_, i)) = Ops::pack(dv[i], dv[i + 1]);
+      }
+    }
+  }
+
+  const MhaBackwardParams& p_;
+  Smem<C>& sm_;
+  const BackwardWork& w_;
+  int g_, t_, lane_;
+};
+
+}  // namespace mlakit::detail::mha_bwd_sm90

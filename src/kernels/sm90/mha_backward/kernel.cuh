@@ -1,0 +1,71 @@
+// Hopper (sm_90a) MHA prefill backward, main kernel: 128 keys of one kv head of one sequence
+// per CTA against every query tile of every query head of the group that sees them
+// (docs/kernels/mha_backward_sm90.md). The row kernels before and after it (D, dq_accum
+// zeroed; dq converted) are the portable ones (portable/mha_backward_rows.cu).
+//
+// Roles (384 threads, one CTA per SM): warpgroup 0 gives its registers back and its first
+// warp produces (producer.cuh: K, V once; Q, dO, lse, D per query tile through two stages);
+// warpgroups 1 and 2 consume 64 keys each (consumer.cuh). Barriers (config.cuh): kv_full,
+// q_full / q_empty per stage, kv_landed / q_landed (the producer's own waits before zeroing
+// rows past a sequence); named barriers between the consumers (consumer.cuh).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "device/sm90/sync.cuh"
+#include "device/sm90/warpgroup.cuh"
+#include "kernels/sm90/launch.h"
+#include "kernels/sm90/mha_backward/config.cuh"
+#include "kernels/sm90/mha_backward/consumer.cuh"
+#include "kernels/sm90/mha_backward/producer.cuh"
+#include "kernels/sm90/mha_backward/work.cuh"
+
+namespace mlakit::detail::mha_bwd_sm90 {
+
+template <class C, typename Elem>
+__global__ void __launch_bounds__(C::kThreads, 1)
+    mha_backward_sm90_kernel(const __grid_constant__ MhaBackwardParams p, const __grid_constant__ MhaBackwardMaps maps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const BackwardWork w = backward_work<C>(p);
+  if (!w.has_keys) return;  // uniform over the CTA: nobody waits on anybody yet
+  extern __shared__ uint8_t smem_raw[];
+  Smem<C>& sm = setup_shared_memory<C>(smem_raw);
+  const int warpgroup = static_cast<int>(threadIdx.x) / dev::kWarpgroupThreads;
+  if (warpgroup == 0) {
+    dev::setmaxnreg_dec<C::kProducerRegs>();
+    if (threadIdx.x < dev::kWarpSize) produce<C>(p, maps, w, sm, static_cast<int>(threadIdx.x));
+  } else {
+    dev::setmaxnreg_inc<C::kConsumerRegs>();
+    Consumer<C, Elem> consumer(p, sm, w, warpgroup - 1, static_cast<int>(threadIdx.x) % dev::kWarpgroupThreads);
+    consumer.run();
+  }
+#endif
+}
+
+template <class C, typename Elem>
+cudaError_t launch(const MhaBackwardParams& p, const MhaBackwardMaps& maps, cudaStream_t stream) {
+  static_assert(kSmemBytes<C> <= 227 * 1024, "the opt-in shared memory of one CTA");
+  auto kernel = &mha_backward_sm90_kernel<C, Elem>;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<C>);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.max_seqlen_k + C::kBlockN - 1) / C::kBlockN, p.h_kv, p.b);
+  if (grid.x == 0) return cudaSuccess;  // no key anywhere: dk and dv are empty
+  kernel<<<grid, C::kThreads, kSmemBytes<C>, stream>>>(p, maps);
+  return cudaGetLastError();
+}
+
+}  // namespace mlakit::detail::mha_bwd_sm90
+
+namespace mlakit::detail {
+
+template <typename Elem>
+cudaError_t launch_mha_backward_sm90(const MhaBackwardParams& params, const MhaBackwardMaps& maps,
+                                     cudaStream_t stream) {
+  if (params.d_qk == 128 && params.d_v == 128) {
+    return mha_bwd_sm90::launch<mha_bwd_sm90::Config<128, 128>, Elem>(params, maps, stream);
+  }
+  return cudaErrorInvalidValue;  // mha_sm90_backward_supported rules the rest out
+}
+
+}  // namespace mlakit::detail
