@@ -514,9 +514,10 @@ TEST(MhaPrefillBackwardValidation, WorkspaceAndOptions) {
     std::size_t unused = 0;
     s = mha_prefill_backward_workspace_size(a, &unused);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "size query, kernel 7: " << s.to_string();
-    a.kernel = MlaKernel::kSm90;  // d 64: the Hopper backward serves d 128 only
+    a.kernel = MlaKernel::kSm90;  // d 64: the Hopper backward serves d 128 only (and Hopper only)
     s = mha_prefill_backward(a, d.workspace.get(), d.workspace.bytes(), nullptr);
-    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+    EXPECT_EQ(s.code(), is_hopper() ? StatusCode::kUnsupported : StatusCode::kUnsupportedArchitecture)
+        << s.to_string();
     EXPECT_TRUE(message_names_argument(s.message(), "kernel")) << s.message();
     a.lse = TensorRef{};
     s = mha_prefill_backward(a, d.workspace.get(), d.workspace.bytes(), nullptr);
@@ -591,7 +592,7 @@ TEST(MhaPrefillBackwardValidation, RowAlignmentIsCheckedPerTensor) {
 }
 
 // b = 0 writes nothing; total_q = 0 and h_q = 0 (no query) zero exactly the dk / dv rows of the
-// keys inside sequences and nothing else.
+// keys inside sequences and nothing else, on every kernel that serves the case.
 TEST(MhaPrefillBackwardValidation, EmptyProblems) {
   MLAKIT_SKIP_WITHOUT_GPU();
   Spec no_batch = mha_backward_spec({{}, {}}, 4, 2, 128, 128, true);
@@ -604,7 +605,10 @@ TEST(MhaPrefillBackwardValidation, EmptyProblems) {
   // Non-zero token strides for the tensors without heads.
   no_heads.problem.q_pad.token_pad = no_heads.problem.out_pad.token_pad = 8;
   no_heads.dout_pad.token_pad = no_heads.dq_pad.token_pad = 8;
-  const std::pair<const char*, Spec> cases[] = {{"b = 0", no_batch}, {"total_q = 0", no_rows}, {"h_q = 0", no_heads}};
+  Spec no_heads_128 = no_heads;  // the same at d 128, which the Hopper kernel serves too
+  no_heads_128.problem.d_qk = no_heads_128.problem.d_v = 128;
+  const std::pair<const char*, Spec> cases[] = {
+      {"b = 0", no_batch}, {"total_q = 0", no_rows}, {"h_q = 0", no_heads}, {"h_q = 0, d 128", no_heads_128}};
   uint64_t seed = 61;
   for (auto [what, spec] : cases) {
     SCOPED_TRACE(what);
@@ -612,7 +616,9 @@ TEST(MhaPrefillBackwardValidation, EmptyProblems) {
     const HostMhaBackwardCase c = support::make_mha_backward_case(spec);
     const MhaBackwardReference ref = support::run_mha_backward_reference(c);
     for (bool deterministic : {false, true}) {
-      for (MlaKernel kernel : {MlaKernel::kAuto, MlaKernel::kPortable}) {
+      for (MlaKernel kernel : {MlaKernel::kAuto, MlaKernel::kPortable, MlaKernel::kSm90}) {
+        const bool sm90_serves = is_hopper() && !deterministic && spec.problem.d_qk == 128 && spec.problem.d_v == 128;
+        if (kernel == MlaKernel::kSm90 && !sm90_serves) continue;  // refusals: the sweep's and WorkspaceAndOptions'
         DeviceBackwardCase d(c, deterministic, kernel);
         for (int call = 0; call < 2; ++call) {
           d.poison();

@@ -48,7 +48,9 @@ bool make_mha_backward_maps(const MhaBackwardParams& p, bool bf16, MhaBackwardMa
   const cuuint32_t q_box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(mha_backward_query_rows(p.d_qk)), 1};
   const cuuint32_t kv_box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(kMhaBackwardSm90KeyRows), 1};
   *maps = MhaBackwardMaps{};
-  if (p.total_q == 0 || p.total_k == 0) return true;  // the kernel loads nothing
+  // No query row, no query head or no key: the kernel loads nothing (it zeroes dk and dv), and
+  // a map with an extent of 0 is not encodable.
+  if (p.total_q == 0 || p.total_k == 0 || p.h_q == 0) return true;
   return encode_tma_4d_map(rows_tensor(p.q, bf16, p.total_q, p.h_q, p.d_qk, p.q_stride_t, p.q_stride_h), q_box, "q",
                            &maps->q, why) &&
          encode_tma_4d_map(rows_tensor(p.dout, bf16, p.total_q, p.h_q, p.d_v, p.dout_stride_t, p.dout_stride_h),
