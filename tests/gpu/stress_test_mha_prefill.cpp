@@ -10,8 +10,9 @@
 // against the float64 reference (docs/contract.md) and every later call bit for bit against
 // call 0.
 //
-// Backward (Stress/MhaPrefillBackward.RepeatedCallsAreCorrect/{deterministic,default}; kernel
-// kAuto): dq, dk, dv and every workspace byte are 0xFF before each call. Deterministic mode: call
+// Backward (Stress/MhaPrefillBackward.RepeatedCallsAreCorrect/{deterministic,default} on kernel
+// kAuto, default_sm90 on kSm90 with d 128 cases): dq, dk, dv and every workspace byte are 0xFF
+// before each call. Deterministic mode: call
 // 0 is checked against the float64 reference (SPEC section 8, backward rule) and every later call
 // bit for bit against call 0; default mode: every call is checked against the reference (the
 // order of the float32 sums may vary, so equal bits are not required).
@@ -251,9 +252,11 @@ std::vector<BackwardSpec> backward_coverage_cases() {
   return c;
 }
 
-BackwardSpec random_backward_case(int index) {
+// d128: the random problem at d_qk = d_v = 128 (the Hopper kernel's only head dims).
+BackwardSpec random_backward_case(int index, bool d128) {
   CaseRng r(kBackwardSalt, index);
   BackwardSpec b = backward_of(random_problem(r));
+  if (d128) b.problem.d_qk = b.problem.d_v = 128;
   const int layout = r.uniform(0, 99);
   if (layout < 25) {
     b.dout_pad = {.offset = 0, .head_pad = 8, .token_pad = 16};
@@ -267,11 +270,12 @@ BackwardSpec random_backward_case(int index) {
   return b;
 }
 
-void run_backward_case(const BackwardSpec& spec, const std::string& name, bool deterministic, stress::Tally* tally) {
+void run_backward_case(const BackwardSpec& spec, const std::string& name, bool deterministic, MlaKernel kernel,
+                       stress::Tally* tally) {
   const support::HostMhaBackwardCase c = support::make_mha_backward_case(spec);
   const support::MhaBackwardReference ref = support::run_mha_backward_reference(c);
 
-  DeviceMhaBackwardCase d(c, deterministic, MlaKernel::kAuto);
+  DeviceMhaBackwardCase d(c, deterministic, kernel);
   const Status ws = d.allocate_workspace();
   ASSERT_TRUE(ws) << name << ": " << ws.to_string();
 
@@ -289,24 +293,42 @@ void run_backward_case(const BackwardSpec& spec, const std::string& name, bool d
                                  << r.failure;
 }
 
-class MhaPrefillBackward : public ::testing::TestWithParam<bool> {};  // deterministic
+// The modes on kAuto, and the Hopper kernel (kSm90: d 128, the default mode) on the d 128
+// coverage cases and random cases made d 128.
+struct BackwardStressParam {
+  bool deterministic;
+  MlaKernel kernel;
+};
+
+class MhaPrefillBackward : public ::testing::TestWithParam<BackwardStressParam> {};
 
 TEST_P(MhaPrefillBackward, RepeatedCallsAreCorrect) {
-  const bool deterministic = GetParam();
-  if (const std::string why = stress::why_kernel_cannot_run(MlaKernel::kPortable); !why.empty()) GTEST_SKIP() << why;
+  const auto [deterministic, kernel] = GetParam();
+  const bool sm90 = kernel == MlaKernel::kSm90;
+  if (const std::string why = stress::why_kernel_cannot_run(sm90 ? MlaKernel::kSm90 : MlaKernel::kPortable);
+      !why.empty()) {
+    GTEST_SKIP() << why;
+  }
   const std::vector<BackwardSpec> coverage = backward_coverage_cases();
-  stress::Tally tally("MHA prefill backward", support::backward_mode_name(deterministic), /*planned=*/false);
+  const std::string mode = std::string(support::backward_mode_name(deterministic)) + (sm90 ? ", sm90" : "");
+  stress::Tally tally("MHA prefill backward", mode.c_str(), /*planned=*/false);
   for (int i = 0; i < stress::knobs().cases; ++i) {
-    const BackwardSpec spec = i < static_cast<int>(coverage.size()) ? coverage[i] : random_backward_case(i);
-    run_backward_case(spec, "case " + std::to_string(i) + " (" + support::describe(spec) + ")", deterministic, &tally);
+    const BackwardSpec spec = i < static_cast<int>(coverage.size()) ? coverage[i] : random_backward_case(i, sm90);
+    if (sm90 && (spec.problem.d_qk != 128 || spec.problem.d_v != 128)) continue;  // refused: the sweep checks that
+    run_backward_case(spec, "case " + std::to_string(i) + " (" + support::describe(spec) + ")", deterministic, kernel,
+                      &tally);
     if (HasFatalFailure() || tally.failed_cases() >= stress::kMaxFailedCases) break;
   }
   tally.print();
 }
 
-INSTANTIATE_TEST_SUITE_P(Stress, MhaPrefillBackward, ::testing::Values(true, false),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return std::string(support::backward_mode_name(info.param));
+INSTANTIATE_TEST_SUITE_P(Stress, MhaPrefillBackward,
+                         ::testing::Values(BackwardStressParam{true, MlaKernel::kAuto},
+                                           BackwardStressParam{false, MlaKernel::kAuto},
+                                           BackwardStressParam{false, MlaKernel::kSm90}),
+                         [](const ::testing::TestParamInfo<BackwardStressParam>& info) {
+                           return std::string(support::backward_mode_name(info.param.deterministic)) +
+                                  (info.param.kernel == MlaKernel::kSm90 ? "_sm90" : "");
                          });
 
 }  // namespace
