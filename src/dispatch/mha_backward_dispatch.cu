@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <string>
 
 #include "dispatch/cuda_status.h"
@@ -78,10 +79,10 @@ Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefil
   const bool bf16 = args.q.dtype == DType::kBF16;
   MhaBackwardMaps maps;
   if (args.kernel == MlaKernel::kSm90) {
-    if (!mha_sm90_backward_supported(shape.d_qk, shape.d_v, args.deterministic, shape.h_kv, static_cast<int>(shape.b))) {
-      return Status(StatusCode::kUnsupported, std::string(kOp) + ": kernel: kSm90 serves d_qk = d_v = 128 without the deterministic mode (got (" +
-                                  std::to_string(shape.d_qk) + ", " + std::to_string(shape.d_v) + ")" +
-                                  (args.deterministic ? ", deterministic" : "") + "): expected kAuto or kPortable");
+    if (!mha_sm90_backward_supported(shape.d_qk, shape.d_v, shape.h_kv, static_cast<int>(std::min<int64_t>(shape.b, 65536)))) {
+      return Status(StatusCode::kUnsupported, std::string(kOp) + ": kernel: kSm90 serves d_qk = d_v = 128, h_kv and b up to 65535 (got d (" +
+                                                  std::to_string(shape.d_qk) + ", " + std::to_string(shape.d_v) +
+                                                  ")): expected kAuto or kPortable");
     }
     std::string why;
     if (!make_mha_backward_maps(params, bf16, &maps, &why)) {

@@ -275,8 +275,8 @@ bool all_poisoned(const DeviceBackwardCase& d) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The sweep: every case in both modes with kAuto, kPortable and kSm90 (d 128 in the default
-// mode; refused otherwise), three calls each.
+// The sweep: every case in both modes with kAuto, kPortable and kSm90 (d 128; refused
+// otherwise), three calls each.
 
 using SweepParam = std::tuple<BackwardCase, bool, MlaKernel>;
 
@@ -292,9 +292,9 @@ TEST_P(MhaPrefillBackwardSweep, MatchesReferenceAndDeterministicModeRepeatsBitwi
   if (kernel == MlaKernel::kSm90 && !is_hopper()) GTEST_SKIP() << "the sm90 kernel needs a compute capability 9.0 GPU";
   DeviceBackwardCase d(p.c, deterministic, kernel);
   const auto& spec = bc.spec.problem;
-  if (kernel == MlaKernel::kSm90 && (spec.d_qk != 128 || spec.d_v != 128 || deterministic)) {
-    // The Hopper kernel serves d 128 in the default mode: anything else is refused, naming
-    // the argument, before anything is written.
+  if (kernel == MlaKernel::kSm90 && (spec.d_qk != 128 || spec.d_v != 128)) {
+    // The Hopper kernel serves d 128: anything else is refused, naming the argument, before
+    // anything is written.
     d.poison();
     const Status st = d.launch();
     EXPECT_EQ(st.code(), StatusCode::kUnsupported) << what << ": " << st.to_string();
@@ -617,7 +617,7 @@ TEST(MhaPrefillBackwardValidation, EmptyProblems) {
     const MhaBackwardReference ref = support::run_mha_backward_reference(c);
     for (bool deterministic : {false, true}) {
       for (MlaKernel kernel : {MlaKernel::kAuto, MlaKernel::kPortable, MlaKernel::kSm90}) {
-        const bool sm90_serves = is_hopper() && !deterministic && spec.problem.d_qk == 128 && spec.problem.d_v == 128;
+        const bool sm90_serves = is_hopper() && spec.problem.d_qk == 128 && spec.problem.d_v == 128;
         if (kernel == MlaKernel::kSm90 && !sm90_serves) continue;  // refusals: the sweep's and WorkspaceAndOptions'
         DeviceBackwardCase d(c, deterministic, kernel);
         for (int call = 0; call < 2; ++call) {

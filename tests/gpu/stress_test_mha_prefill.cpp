@@ -11,9 +11,8 @@
 // call 0.
 //
 // Backward (Stress/MhaPrefillBackward.RepeatedCallsAreCorrect/{deterministic,default} on kernel
-// kAuto, default_sm90 on kSm90 with d 128 cases): dq, dk, dv and every workspace byte are 0xFF
-// before each call. Deterministic mode: call
-// 0 is checked against the float64 reference (SPEC section 8, backward rule) and every later call
+// kAuto, {deterministic,default}_sm90 on kSm90 with d 128 cases): dq, dk, dv and every
+// workspace byte are 0xFF before each call. Deterministic mode: call 0 is checked against the float64 reference (SPEC section 8, backward rule) and every later call
 // bit for bit against call 0; default mode: every call is checked against the reference (the
 // order of the float32 sums may vary, so equal bits are not required).
 #include <gtest/gtest.h>
@@ -293,8 +292,8 @@ void run_backward_case(const BackwardSpec& spec, const std::string& name, bool d
                                  << r.failure;
 }
 
-// The modes on kAuto, and the Hopper kernel (kSm90: d 128, the default mode) on the d 128
-// coverage cases and random cases made d 128.
+// Both modes on kAuto and on the Hopper kernel (kSm90: the d 128 coverage cases and random
+// cases made d 128).
 struct BackwardStressParam {
   bool deterministic;
   MlaKernel kernel;
@@ -325,6 +324,7 @@ TEST_P(MhaPrefillBackward, RepeatedCallsAreCorrect) {
 INSTANTIATE_TEST_SUITE_P(Stress, MhaPrefillBackward,
                          ::testing::Values(BackwardStressParam{true, MlaKernel::kAuto},
                                            BackwardStressParam{false, MlaKernel::kAuto},
+                                           BackwardStressParam{true, MlaKernel::kSm90},
                                            BackwardStressParam{false, MlaKernel::kSm90}),
                          [](const ::testing::TestParamInfo<BackwardStressParam>& info) {
                            return std::string(support::backward_mode_name(info.param.deterministic)) +

@@ -111,10 +111,10 @@ cudaError_t launch_mha_prefill_sm90(const MhaPrefillParams& params, const MhaPre
 
 // ---- MHA prefill backward (mha_backward/) ----
 
-// Head dims the Hopper backward serves (the portable kernel serves every pair): d 128, not
-// the deterministic mode, grids within CUDA's y / z limits.
-constexpr bool mha_sm90_backward_supported(int d_qk, int d_v, bool deterministic, int h_kv, int b) {
-  return d_qk == 128 && d_v == 128 && !deterministic && h_kv <= 65535 && b <= 65535;
+// Problems the Hopper backward serves (the portable kernel serves every one): d 128, grids
+// within CUDA's y / z limits.
+constexpr bool mha_sm90_backward_supported(int d_qk, int d_v, int h_kv, int b) {
+  return d_qk == 128 && d_v == 128 && h_kv <= 65535 && b <= 65535;
 }
 inline constexpr int kMhaBackwardSm90KeyRows = 128;  // keys per CTA (its K / V maps' boxes)
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "device/async_proxy.cuh"
+#include "device/gpu_flag.cuh"
 #include "device/numeric.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
@@ -64,6 +65,9 @@ class Consumer {
   // staging free / written.
   static constexpr uint32_t kDsBarrier = 1;
   static constexpr uint32_t kStagingBarrier = 2;  // + g
+  // Deterministic mode: the query tile's turn reached / both consumers' adds made.
+  static constexpr uint32_t kTurnBarrier = 4;
+  static constexpr uint32_t kAddedBarrier = 5;
   static constexpr uint32_t kBothThreads = C::kConsumers * dev::kWarpgroupThreads;
 
   __device__ void tile(int it, float (&dk)[kKRegs], float (&dv)[kVRegs]) {
@@ -206,8 +210,34 @@ class Consumer {
 
   // dQ of the tile's rows inside the sequence, added into dq_accum: staged as float32 rows
   // (the previous tile's reductions must have read the staging first), then thread r < 64
-  // adds row r with one bulk reduction.
+  // adds row r with one bulk reduction. Deterministic mode: the key tiles add into a query
+  // tile's rows from the last one that sees it down to 0, ordered by the tile's counter (the
+  // portable kernel's protocol): thread 0 of consumer 0 waits for this key tile's turn, both
+  // consumers add, their adds are made (not only issued), and the same thread advances it.
   __device__ void add_dq(const float (&dq)[kQRegs], int head, int row0) {
+    int32_t* counter = nullptr;
+    int32_t turn = 0;
+    if (p_.deterministic) {
+      counter = p_.counters + (static_cast<int64_t>(w_.batch) * p_.h_q + head) * p_.query_tiles + row0 / C::kBlockM;
+      turn = last_key_tile<C>(p_, w_, row0) - w_.key_tile;
+    }
+    stage_dq(dq);
+    if (p_.deterministic) {
+      if (g_ == 0 && t_ == 0) device::wait_until_equal(counter, turn);
+      dev::named_barrier_sync(kTurnBarrier, kBothThreads);
+    }
+    issue_dq_adds(head, row0);
+    if (p_.deterministic) {
+      if (t_ < C::kBlockM) device::bulk_wait_all();
+      dev::named_barrier_sync(kAddedBarrier, kBothThreads);
+      if (g_ == 0 && t_ == 0) {
+        __threadfence();
+        device::store_release_gpu(counter, turn + 1);
+      }
+    }
+  }
+
+  __device__ void stage_dq(const float (&dq)[kQRegs]) {
     uint8_t* staging = &sm_.dq[g_][0];
     if (t_ < C::kBlockM) device::bulk_wait_reads();
     dev::named_barrier_sync(kStagingBarrier + g_, dev::kWarpgroupThreads);
@@ -218,6 +248,10 @@ class Consumer {
     }
     device::fence_proxy_async_shared();
     dev::named_barrier_sync(kStagingBarrier + g_, dev::kWarpgroupThreads);
+  }
+
+  __device__ void issue_dq_adds(int head, int row0) {
+    const uint8_t* staging = &sm_.dq[g_][0];
     if (t_ < C::kBlockM && row0 + t_ < w_.q_rows) {
       const int64_t token = int64_t{w_.q_begin} + row0 + t_;
       float* dst = p_.dq_accum + (token * p_.h_q + head) * C::kDqk + g_ * C::kDqCols;
