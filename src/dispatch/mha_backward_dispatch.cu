@@ -80,9 +80,10 @@ Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefil
   MhaBackwardMaps maps;
   if (args.kernel == MlaKernel::kSm90) {
     if (!mha_sm90_backward_supported(shape.d_qk, shape.d_v, shape.h_kv, static_cast<int>(std::min<int64_t>(shape.b, 65536)))) {
-      return Status(StatusCode::kUnsupported, std::string(kOp) + ": kernel: kSm90 serves d_qk = d_v = 128, h_kv and b up to 65535 (got d (" +
-                                                  std::to_string(shape.d_qk) + ", " + std::to_string(shape.d_v) +
-                                                  ")): expected kAuto or kPortable");
+      return Status(StatusCode::kUnsupported,
+                    std::string(kOp) + ": kernel: kSm90 serves d_qk = d_v = 128, h_kv and b up to 65535 (got d (" +
+                        std::to_string(shape.d_qk) + ", " + std::to_string(shape.d_v) + "), h_kv " +
+                        std::to_string(shape.h_kv) + ", b " + std::to_string(shape.b) + "): expected kAuto or kPortable");
     }
     std::string why;
     if (!make_mha_backward_maps(params, bf16, &maps, &why)) {

@@ -224,6 +224,7 @@ class Consumer {
     stage_dq(dq);
     if (p_.deterministic) {
       if (g_ == 0 && t_ == 0) device::wait_until_equal(counter, turn);
+      __syncwarp();  // warp 0 whole again before the barrier (bar.sync counts whole warps)
       dev::named_barrier_sync(kTurnBarrier, kBothThreads);
     }
     issue_dq_adds(head, row0);
