@@ -77,8 +77,13 @@ class Consumer {
 
     float s[kSRegs], dp[kSRegs];
     scores(s, dp, stage);
+    dev::wgmma_wait<1>();  // S^T done; dP^T may still run while P^T is computed
+    dev::fence_registers(s);
+    probabilities(s, stage, row0);
+    dev::wgmma_wait<0>();
+    dev::fence_registers(dp);
     uint32_t pfrag[kQuerySteps][4], dsfrag[kQuerySteps][4];
-    gradients_of_scores(s, dp, stage, row0, it & 1, pfrag, dsfrag);
+    score_gradients(s, dp, stage, it & 1, pfrag, dsfrag);
     device::fence_proxy_async_shared();  // dS, read by the dQ product (async proxy)
     key_products(dk, dv, pfrag, dsfrag, stage);
     dev::named_barrier_sync(kDsBarrier, kBothThreads);  // both consumers' dS slabs written
@@ -95,7 +100,8 @@ class Consumer {
     add_dq(dq, head, row0);
   }
 
-  // S^T = K Q^T and dP^T = V dO^T of this consumer's 64 keys (SS, both operands K-major).
+  // Issues S^T = K Q^T and dP^T = V dO^T of this consumer's 64 keys (SS, both operands
+  // K-major), one commit group each.
   __device__ void scores(float (&s)[kSRegs], float (&dp)[kSRegs], int stage) {
     const uint32_t key_rows = g_ * C::kConsumerKeyOffset;
     const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.k[0][0]) + key_rows, 16, 1024));
@@ -110,6 +116,7 @@ class Consumer {
       MmaS::template ss<0>(s, dev::advance_desc(k_desc, slab * C::kKvSlabBytes + in_slab),
                            dev::advance_desc(q_desc, slab * C::kQSlabBytes + in_slab), k > 0);
     }
+    dev::wgmma_commit();
 #pragma unroll
     for (int k = 0; k < kVSteps; ++k) {
       const uint32_t in_slab = (k % kStepsPerSlab) * 32;
@@ -118,45 +125,53 @@ class Consumer {
                            dev::advance_desc(o_desc, slab * C::kQSlabBytes + in_slab), k > 0);
     }
     dev::wgmma_commit();
-    dev::wgmma_wait<0>();
-    dev::fence_registers(s);
-    dev::fence_registers(dp);
   }
 
-  // P^T and dS^T from S^T and dP^T (in place), packed into the RS A fragments over the
-  // queries (pack(x[8 kb + 2 r], x[8 kb + 2 r + 1]) for query block kb, as the forward's P),
-  // and dS stored as [query][key] (q's dtype, 128-byte swizzle) into this consumer's slab of
-  // the tile parity's dS buffer. Keys past the sequence and (causal) keys a query does not see
-  // get P = 0; queries past the sequence have lse2 +inf (P = 0) and D 0.
-  __device__ void gradients_of_scores(float (&s)[kSRegs], float (&dp)[kSRegs], int stage, int row0, int parity,
-                                      uint32_t (&pfrag)[kQuerySteps][4], uint32_t (&dsfrag)[kQuerySteps][4]) {
+  // S^T -> P^T = exp2(S^T scale_log2 - lse2[query]) in place. Keys past the sequence and
+  // (causal) keys a query does not see get 0; queries past the sequence have lse2 +inf.
+  __device__ void probabilities(float (&s)[kSRegs], int stage, int row0) const {
     const int c = lane_ % 4;
     const int key_base = w_.key0 + g_ * C::kKeysPerConsumer;
     const int diagonal = w_.k_len - w_.q_len;  // query t sees keys j with j - t <= Lk - Lq
     const bool masked = w_.key0 + C::kBlockN > w_.k_rows ||
                         (p_.causal && int64_t{w_.key0} + C::kBlockN - 1 - row0 > diagonal);
-    uint8_t* ds_slab = &sm_.ds[parity][g_][0];
 #pragma unroll
     for (int j8 = 0; j8 < kSRegs / 4; ++j8) {
       const int col = 8 * j8 + 2 * c;
       const float2 lse = *reinterpret_cast<const float2*>(&sm_.lse2[stage][col]);
-      const float2 dd = *reinterpret_cast<const float2*>(&sm_.row_dot[stage][col]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 4 * j8 + e;
-        const float l2 = (e & 1) ? lse.y : lse.x;
-        const float d = (e & 1) ? dd.y : dd.x;
-        float x = device::fast_exp2(s[i] * p_.scale_log2 - l2);
-        const int key_local = dev::acc_row(t_, i);
+        float x = device::fast_exp2(s[i] * p_.scale_log2 - ((e & 1) ? lse.y : lse.x));
         if (masked) {
-          const int key = key_base + key_local;
+          const int key = key_base + dev::acc_row(t_, i);
           const bool visible = key < w_.k_rows && (!p_.causal || key - (row0 + col + (e & 1)) <= diagonal);
           if (!visible) x = 0.f;
         }
         s[i] = x;
-        dp[i] = x * (dp[i] - d);
+      }
+    }
+  }
+
+  // dS^T = P^T (dP^T - D[query]) in place; P^T and dS^T packed into the RS A fragments over the
+  // queries (pack(x[8 kb + 2 r], x[8 kb + 2 r + 1]) for query block kb, as the forward's P),
+  // and dS stored as [query][key] (q's dtype, 128-byte swizzle) into this consumer's slab of
+  // the tile parity's dS buffer. Masked P are 0, so their dS are 0 (dP is finite: rows past a
+  // sequence are zeroed).
+  __device__ void score_gradients(const float (&s)[kSRegs], float (&dp)[kSRegs], int stage, int parity,
+                                  uint32_t (&pfrag)[kQuerySteps][4], uint32_t (&dsfrag)[kQuerySteps][4]) {
+    const int c = lane_ % 4;
+    uint8_t* ds_slab = &sm_.ds[parity][g_][0];
+#pragma unroll
+    for (int j8 = 0; j8 < kSRegs / 4; ++j8) {
+      const int col = 8 * j8 + 2 * c;
+      const float2 dd = *reinterpret_cast<const float2*>(&sm_.row_dot[stage][col]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * j8 + e;
+        dp[i] = s[i] * (dp[i] - ((e & 1) ? dd.y : dd.x));
         // dS[query][key] into the swizzled slab: row = query, 16-byte chunk = key / 8.
-        const int query = col + (e & 1);
+        const int key_local = dev::acc_row(t_, i), query = col + (e & 1);
         *reinterpret_cast<Elem*>(ds_slab + dev::sw128_offset(query, key_local / 8) + (key_local % 8) * 2) =
             Ops::from_float(dp[i]);
       }
