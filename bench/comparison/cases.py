@@ -16,7 +16,8 @@ import dataclasses
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-SIDES = ("flashmla", "mlakit", "mlakit_deterministic", "sdpa_cudnn", "sdpa_flash", "torch")
+SIDES = ("flashmla", "mlakit", "mlakit_deterministic", "mlakit_sm90", "mlakit_sm90_deterministic", "sdpa_cudnn",
+         "sdpa_flash", "torch")
 
 
 @dataclasses.dataclass(frozen=True)

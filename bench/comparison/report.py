@@ -12,7 +12,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TABLE_MARK = "== side by side =="
-SIDE_LABELS = {"flashmla": "FlashMLA", "mlakit": "mlakit", "mlakit_deterministic": "mlakit-det", "sdpa_cudnn": "cuDNN",
+SIDE_LABELS = {"flashmla": "FlashMLA", "mlakit": "mlakit", "mlakit_deterministic": "mlakit-det",
+               "mlakit_sm90": "mlakit-sm90", "mlakit_sm90_deterministic": "mlakit-sm90-det", "sdpa_cudnn": "cuDNN",
                "sdpa_flash": "SDPA-flash", "torch": "PyTorch"}
 
 

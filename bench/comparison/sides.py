@@ -102,7 +102,7 @@ def load(names: Sequence[str]) -> Dict[str, Any]:
     for name in names:
         if name not in SIDES:
             raise ValueError(f"unknown side {name!r}: expected one of {SIDES}")
-        if name in ("mlakit", "mlakit_deterministic"):  # one package, the mode chosen per call
+        if name.startswith("mlakit"):  # one package, the mode and kernel chosen per call
             handles[name] = _load_mlakit()
         elif name == "flashmla":
             handles[name] = _load_flashmla()
@@ -117,7 +117,7 @@ def describe(handles: Dict[str, Any]) -> Dict[str, str]:
     """Where each side came from, for the JSON lines."""
     out = {}
     for name, handle in handles.items():
-        if name in ("mlakit", "mlakit_deterministic", "flashmla"):
+        if name.startswith("mlakit") or name == "flashmla":
             package = importlib.import_module(handle.__name__.split(".")[0])
             version = getattr(package, "__version__", "?")
             out[name] = f"{package.__name__} {version} from {os.path.dirname(os.path.abspath(package.__file__))}"
@@ -230,11 +230,16 @@ def mlakit_mha_backward_runner(side: str, api: Any, x: Inputs) -> Runner:
     cu, n, causal = t["cu_seqlens"], t["max_seqlen"], t["causal"]
     q, k, v = t["q_rows"], t["k_rows"], t["v_rows"]
     out, lse = mk.mha_prefill(q, k, v, cu, cu, n, n, None, causal)
-    deterministic = side == "mlakit_deterministic"
+    deterministic = side.endswith("_deterministic")
+    # Sides mlakit_sm90[_deterministic] (not in the family's default sides: --sides): the Hopper
+    # main kernel, which serves d 128 only (other cases: not supported).
+    kernel = "sm90" if side.startswith("mlakit_sm90") else "auto"
+    if kernel == "sm90" and (q.shape[-1] != 128 or v.shape[-1] != 128):
+        raise SideUnsupported(f"{side}: the Hopper backward serves d 128 only")
 
     def call() -> Any:
         return mk.mha_prefill_backward(t["dout_rows"], q, k, v, out, lse, cu, cu, n, n, causal=causal,
-                                       deterministic=deterministic)
+                                       deterministic=deterministic, kernel=kernel)
 
     return Runner(side, call, None, ("dq", "dk", "dv"))
 
