@@ -1,5 +1,8 @@
 #include <cudaTypedefs.h>
 
+#include <cstdint>
+#include <string>
+
 #include "kernels/sm90/launch.h"
 
 namespace mlakit::detail {
@@ -50,6 +53,19 @@ bool encode_tma_4d_map(const TmaTensor& t, const cuuint32_t (&box)[4], const cha
     const int64_t bytes = t.shape[axis] == 1 ? dense : t.stride[axis] * elem;
     strides[i] = static_cast<cuuint64_t>(bytes);
     dense = bytes * t.shape[axis];
+  }
+  // TMA's own rules, checked here so that the refusal names the tensor and the reason (the
+  // encoder answers both with one error code).
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
+    *why = std::string(what) + ": the Hopper kernel's TMA copies need a 16-byte aligned base address";
+    return false;
+  }
+  for (const cuuint64_t stride : strides) {
+    if (stride % 16 != 0) {
+      *why = std::string(what) + ": the Hopper kernel's TMA copies need strides aligned to 16 bytes (got " +
+             std::to_string(stride) + " bytes)";
+      return false;
+    }
   }
   cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type =
