@@ -82,30 +82,30 @@ __device__ __forceinline__ void produce(const MhaBackwardParams& p, const MhaBac
     const int valid_rows = w.q_rows - row0;
     uint64_t* bar = valid_rows >= C::kBlockM ? &sm.q_full[stage] : &sm.q_landed;
     dev::mbarrier_wait(&sm.q_empty[stage], free_parity);
-    // The rows' lse (base 2) and D, by plain loads: stored before the leader's arrival below
-    // (release) that the consumers' wait on q_full (acquire) pairs with.
-    for (int r = lane; r < C::kBlockM; r += dev::kWarpSize) {
-      const bool in = r < valid_rows;
-      const int64_t t = token + r;
-      sm.lse2[stage][r] = in ? p.lse[head * p.lse_stride_h + t * p.lse_stride_t] * device::kLog2e : INFINITY;
-      sm.row_dot[stage][r] = in ? p.row_dot[head * p.total_q + t] : 0.f;
-    }
-    __syncwarp();
     if (leader) {
       dev::mbarrier_expect_tx(bar, C::kQBytes + C::kDoBytes);
       dev::mbarrier_arrive(bar);
       load_slabs(&sm.q[stage][0][0], C::kQkSlabs, C::kQSlabBytes, &maps.q, bar, head, token);
       load_slabs(&sm.dout[stage][0][0], C::kVSlabs, C::kQSlabBytes, &maps.dout, bar, head, token);
     }
+    // The rows' lse (base 2) and D, by plain loads while the copies fly: each lane's stores come
+    // before its own arrival on q_full (release; kFullArrivals), which the consumers' wait
+    // (acquire) pairs with.
+    for (int r = lane; r < C::kBlockM; r += dev::kWarpSize) {
+      const bool in = r < valid_rows;
+      const int64_t t = token + r;
+      sm.lse2[stage][r] = in ? p.lse[head * p.lse_stride_h + t * p.lse_stride_t] * device::kLog2e : INFINITY;
+      sm.row_dot[stage][r] = in ? p.row_dot[head * p.total_q + t] : 0.f;
+    }
     if (valid_rows < C::kBlockM) {  // the last tile of a head: at most once per head
-      __syncwarp();
       dev::mbarrier_wait(&sm.q_landed, landed_uses & 1);
       ++landed_uses;
       zero_rows(&sm.q[stage][0][0], C::kQkSlabs, C::kBlockM, valid_rows, lane);
       zero_rows(&sm.dout[stage][0][0], C::kVSlabs, C::kBlockM, valid_rows, lane);
-      dev::fence_proxy_async_smem();
-      __syncwarp();
-      if (leader) dev::mbarrier_arrive(&sm.q_full[stage]);
+      dev::fence_proxy_async_smem();  // each lane's zeros, visible to the wgmma (async proxy)
+      dev::mbarrier_arrive(&sm.q_full[stage]);
+    } else if (!leader) {
+      dev::mbarrier_arrive(&sm.q_full[stage]);  // the leader's arrival was the one with the bytes
     }
   }
 }
