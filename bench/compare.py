@@ -119,6 +119,7 @@ def cmd_run(argv) -> int:
     from comparison import ceilings, gpu, report, runner, sides
 
     wanted = {s for c in chosen for s in case_table.FAMILIES[c.family].sides}
+    wanted |= {s for c in chosen for s in case_table.FAMILIES[c.family].on_request if s in (opts.sides or ())}
     if opts.sides:
         unknown = set(opts.sides) - set(case_table.SIDES)
         if unknown:

@@ -27,10 +27,15 @@ class Family:
     sides: Tuple[str, ...]  # round order of round 0 (reversed in odd rounds); baseline first
     subject: str
     default: bool  # in a run without --families
+    on_request: Tuple[str, ...] = ()  # sides run only when --sides names them (after `sides` in a round)
 
     @property
     def baseline(self) -> str:
         return self.sides[0]
+
+    @property
+    def every_side(self) -> Tuple[str, ...]:
+        return self.sides + self.on_request
 
 
 FAMILIES: Dict[str, Family] = {
@@ -57,7 +62,8 @@ FAMILIES: Dict[str, Family] = {
         # merge: the default run fills most of the GPU script's time limit already, and these
         # cases take four sides each.
         Family("mha_backward", "MHA prefill backward (bf16)",
-               ("sdpa_cudnn", "sdpa_flash", "mlakit", "mlakit_deterministic"), "mlakit", False),
+               ("sdpa_cudnn", "sdpa_flash", "mlakit", "mlakit_deterministic"), "mlakit", False,
+               on_request=("mlakit_sm90", "mlakit_sm90_deterministic")),
         # The merge of partial attention states (issue 30) against the eager PyTorch merge
         # (logsumexp, weights, a float32 weighted sum): memory-bound, judged by its fraction of
         # the copy ceiling. Not in the default run: no library competes for it, and the default

@@ -56,7 +56,7 @@ def _check_sides(case: Case, handles: Dict[str, Any], x: data.Inputs, measure: A
     family = FAMILIES[case.family]
     ref = reference.REFERENCES[case.family](x)
     runners, outputs = {}, {}
-    for name in [s for s in family.sides if s in handles]:
+    for name in [s for s in family.every_side if s in handles]:
         side = rec["sides"].setdefault(name, {})
         try:
             runner = sides.runner(name, handles[name], case.family, x)
@@ -156,7 +156,7 @@ def run_case(case: Case, handles: Dict[str, Any], opts: Any, measure: Any, devic
                     if k in x.info})
         runners = _check_sides(case, handles, x, measure, opts, rec)
         gc.collect()  # the checked outputs and the reference
-        order = [name for name in family.sides if name in runners]
+        order = [name for name in family.every_side if name in runners]
         for name in order:
             rec["sides"][name]["rounds"] = []
         for rnd in range(opts.rounds):

@@ -79,7 +79,8 @@ def test_case_table() -> None:
     bwd = cases.select(table, ["mha_backward"])
     family = cases.FAMILIES["mha_backward"]
     expect(len(bwd) == 8 and not family.default and family.subject == "mlakit"
-           and family.sides == ("sdpa_cudnn", "sdpa_flash", "mlakit", "mlakit_deterministic"),
+           and family.sides == ("sdpa_cudnn", "sdpa_flash", "mlakit", "mlakit_deterministic")
+           and family.on_request == ("mlakit_sm90", "mlakit_sm90_deterministic"),
            "--families mha_backward: 8 cases, not in the default run; cuDNN (baseline), flash, mlakit, deterministic")
     expect([c.params for c in bwd] == [c.params for c in mha[:8]]
            and [c.name for c in bwd] == [c.name.replace("mha_prefill", "mha_backward") for c in mha[:8]],

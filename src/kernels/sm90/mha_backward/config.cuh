@@ -74,7 +74,7 @@ struct Smem {
   uint64_t kv_full;                 // K and V landed (their rows past the sequence zeroed)
   uint64_t kv_landed;               // the producer's own wait before zeroing
   uint64_t q_full[C::kStages];      // Q, dO, lse2, D of a query tile in place (rows past the sequence zeroed)
-  uint64_t q_empty[C::kStages];     // every consumer thread is done with them
+  uint64_t q_empty[C::kStages][C::kConsumers];  // every thread of consumer g is done with them
   uint64_t q_landed;                // the producer's own wait before zeroing (a partial tile)
 };
 
@@ -82,13 +82,13 @@ template <class C>
 inline constexpr int kSmemBytes = static_cast<int>(sizeof(Smem<C>)) + 1024;
 
 // Every thread that touches a stage's lse2 / D arrives on its barriers itself: the producer's
-// 32 lanes (which store them) on q_full, every consumer thread (which reads them) on q_empty.
-// One lane arriving for its warp after __syncwarp is ordered too, but compute-sanitizer
-// racecheck does not follow it and reports the exchange (docs/design.md).
+// 32 lanes (which store them) on q_full, each consumer's 128 threads (which read them) on
+// their q_empty. One lane arriving for its warp after __syncwarp is ordered too, but
+// compute-sanitizer racecheck does not follow it and reports the exchange (docs/design.md).
 template <class C>
 inline constexpr uint32_t kFullArrivals = dev::kWarpSize;
 template <class C>
-inline constexpr uint32_t kEmptyArrivals = C::kConsumers * dev::kWarpgroupThreads;
+inline constexpr uint32_t kEmptyArrivals = dev::kWarpgroupThreads;
 
 template <class C>
 __device__ __forceinline__ Smem<C>& setup_shared_memory(uint8_t* raw) {
@@ -100,7 +100,7 @@ __device__ __forceinline__ Smem<C>& setup_shared_memory(uint8_t* raw) {
     dev::mbarrier_init(&sm.q_landed, 1);
     for (int s = 0; s < C::kStages; ++s) {
       dev::mbarrier_init(&sm.q_full[s], kFullArrivals<C>);
-      dev::mbarrier_init(&sm.q_empty[s], kEmptyArrivals<C>);
+      for (int g = 0; g < C::kConsumers; ++g) dev::mbarrier_init(&sm.q_empty[s][g], kEmptyArrivals<C>);
     }
     dev::fence_mbarrier_init();
   }

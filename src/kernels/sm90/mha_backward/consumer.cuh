@@ -96,7 +96,7 @@ class Consumer {
     dev::fence_registers(dv);
     dev::fence_registers(pfrag);
     dev::fence_registers(dsfrag);
-    dev::mbarrier_arrive(&sm_.q_empty[stage]);  // this thread's reads of Q, dO, lse2, D of the stage done
+    dev::mbarrier_arrive(&sm_.q_empty[stage][g_]);  // this thread's reads of Q, dO, lse2, D of the stage done
     add_dq(dq, head, row0);
   }
 

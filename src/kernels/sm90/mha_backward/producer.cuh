@@ -81,7 +81,7 @@ __device__ __forceinline__ void produce(const MhaBackwardParams& p, const MhaBac
     const int64_t token = int64_t{w.q_begin} + row0;
     const int valid_rows = w.q_rows - row0;
     uint64_t* bar = valid_rows >= C::kBlockM ? &sm.q_full[stage] : &sm.q_landed;
-    dev::mbarrier_wait(&sm.q_empty[stage], free_parity);
+    for (int g = 0; g < C::kConsumers; ++g) dev::mbarrier_wait(&sm.q_empty[stage][g], free_parity);
     if (leader) {
       dev::mbarrier_expect_tx(bar, C::kQBytes + C::kDoBytes);
       dev::mbarrier_arrive(bar);
