@@ -80,33 +80,32 @@ __device__ __forceinline__ void produce(const MhaBackwardParams& p, const MhaBac
     const int head = tile_head<C>(p, w, it), row0 = tile_row0<C>(w, it);
     const int64_t token = int64_t{w.q_begin} + row0;
     const int valid_rows = w.q_rows - row0;
-    uint64_t* bar = valid_rows >= C::kBlockM ? &sm.q_full[stage] : &sm.q_landed;
+    const bool partial = valid_rows < C::kBlockM;  // the last tile of a head: at most once per head
+    uint64_t* bar = partial ? &sm.q_landed : &sm.q_full[stage];
     for (int g = 0; g < C::kConsumers; ++g) dev::mbarrier_wait(&sm.q_empty[stage][g], free_parity);
     if (leader) {
       dev::mbarrier_expect_tx(bar, C::kQBytes + C::kDoBytes);
-      dev::mbarrier_arrive(bar);
+      if (partial) dev::mbarrier_arrive(bar);  // q_landed: the warp's own wait, one arrival
       load_slabs(&sm.q[stage][0][0], C::kQkSlabs, C::kQSlabBytes, &maps.q, bar, head, token);
       load_slabs(&sm.dout[stage][0][0], C::kVSlabs, C::kQSlabBytes, &maps.dout, bar, head, token);
     }
     // The rows' lse (base 2) and D, by plain loads while the copies fly: each lane's stores come
-    // before its own arrival on q_full (release; kFullArrivals), which the consumers' wait
-    // (acquire) pairs with.
+    // before its own arrival on q_full (release; kFullArrivals, the leader's included), which
+    // the consumers' wait (acquire) pairs with.
     for (int r = lane; r < C::kBlockM; r += dev::kWarpSize) {
       const bool in = r < valid_rows;
       const int64_t t = token + r;
       sm.lse2[stage][r] = in ? p.lse[head * p.lse_stride_h + t * p.lse_stride_t] * device::kLog2e : INFINITY;
       sm.row_dot[stage][r] = in ? p.row_dot[head * p.total_q + t] : 0.f;
     }
-    if (valid_rows < C::kBlockM) {  // the last tile of a head: at most once per head
+    if (partial) {
       dev::mbarrier_wait(&sm.q_landed, landed_uses & 1);
       ++landed_uses;
       zero_rows(&sm.q[stage][0][0], C::kQkSlabs, C::kBlockM, valid_rows, lane);
       zero_rows(&sm.dout[stage][0][0], C::kVSlabs, C::kBlockM, valid_rows, lane);
       dev::fence_proxy_async_smem();  // each lane's zeros, visible to the wgmma (async proxy)
-      dev::mbarrier_arrive(&sm.q_full[stage]);
-    } else if (!leader) {
-      dev::mbarrier_arrive(&sm.q_full[stage]);  // the leader's arrival was the one with the bytes
     }
+    dev::mbarrier_arrive(&sm.q_full[stage]);
   }
 }
 
