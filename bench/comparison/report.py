@@ -93,16 +93,20 @@ def unsupported(side: Dict[str, Any]) -> Optional[str]:
 
 def other_sides_line(rec: Dict[str, Any]) -> Optional[str]:
     """The sides besides the baseline and the subject (the MHA prefill's SDPA flash backend, the
-    backward's mlakit_deterministic): sustained us and their ratios to the subject (t_side /
-    t_subject: for mlakit-det, the deterministic mode's cost)."""
+    backward's mlakit_deterministic and mlakit_sm90): sustained us, their ratios to the subject
+    (t_side / t_subject: for mlakit-det, the deterministic mode's cost) and the baseline's
+    ratio to them (t_baseline / t_side, as the table's ratio column)."""
     parts = []
+    base = rec.get("sides", {}).get(rec["baseline"], {}).get("sustained_us")
     for name, side in rec.get("sides", {}).items():
         if name in (rec["baseline"], rec["subject"]) or side.get("sustained_us") is None:
             continue  # not timed: its check or not-supported line says why
         r = rec.get("ratios", {}).get(name, {})
+        vs_base = _x(base / side["sustained_us"]) if base else "-"
         parts.append(f"{SIDE_LABELS.get(name, name)} {_side_cell(rec, name, 'sustained_us', _us)} us, ratio "
                      f"{_x(r.get('sustained'))} (idle {_x(r.get('idle'))}, kernel {_x(r.get('kernel'))}), "
-                     f"main {_side_cell(rec, name, 'kernel_main_us', _us)} us")
+                     f"main {_side_cell(rec, name, 'kernel_main_us', _us)} us, "
+                     f"{SIDE_LABELS.get(rec['baseline'], rec['baseline'])} / it {vs_base}")
     return "    " + "; ".join(parts) if parts else None
 
 

@@ -105,11 +105,11 @@ struct MhaPrefillBackwardArgs {
   TensorRef dq;  // [total_q, h_q, d_qk] q's dtype (the reference also takes float32)
   TensorRef dk;  // [total_k, h_kv, d_qk] q's dtype (the reference also takes float32)
   TensorRef dv;  // [total_k, h_kv, d_v]  q's dtype (the reference also takes float32)
-  // kAuto and kPortable: the portable kernels (every GPU of compute capability 8.0 or newer,
-  // Hopper included); kSm90: the Hopper main kernel (d_qk = d_v = 128 on compute capability
-  // 9.x, both modes; kUnsupported naming `kernel` for other head dims), in development: kAuto
-  // does not choose it yet.
-  // The reference ignores it.
+  // kSm90: the Hopper main kernel (d_qk = d_v = 128 on compute capability 9.x, both modes;
+  // kUnsupported naming `kernel` for other head dims, kInvalidArgument naming the tensor when
+  // q, k, v or dout rows are not 16-byte aligned); kPortable: the portable kernels (every GPU
+  // of compute capability 8.0 or newer); kAuto: the Hopper kernel where kSm90 would run, the
+  // portable ones otherwise. The reference ignores it.
   MlaKernel kernel = MlaKernel::kAuto;
 };
 

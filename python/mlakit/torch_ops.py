@@ -300,8 +300,9 @@ def _mha_prefill_setup_context(ctx, inputs, output):
     )
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    # The forward's kernel choice does not carry over ('sm90' has no backward kernel yet):
-    # 'portable' asks for the portable backward, anything else for the backward's 'auto'.
+    # The forward's kernel choice does not carry over (the Hopper backward serves fewer head
+    # dims than the Hopper forward): 'portable' asks for the portable backward, anything else
+    # for the backward's 'auto' (the Hopper kernel where it serves the problem).
     backward_kernel = "portable" if kernel == "portable" else "auto"
     ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, backward_kernel)
     ctx.set_materialize_grads(False)  # an unused out or lse arrives as None: no zeros made, nothing to check

@@ -73,24 +73,31 @@ Status run(const MhaBackwardParams& params, const MhaBackwardMaps* maps, cudaStr
 }  // namespace
 
 Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefillShape& shape, float softmax_scale,
-                             const MhaBackwardWorkspace& layout, bool bulk_dq, void* workspace,
+                             const MhaBackwardWorkspace& layout, bool bulk_dq, bool hopper, void* workspace,
                              cudaStream_t stream) {
   const MhaBackwardParams params = mha_backward_params(args, shape, softmax_scale, layout, bulk_dq, workspace);
   const bool bf16 = args.q.dtype == DType::kBF16;
+  const bool required = args.kernel == MlaKernel::kSm90;
+  const bool served =
+      mha_sm90_backward_supported(shape.d_qk, shape.d_v, shape.h_kv, static_cast<int>(std::min<int64_t>(shape.b, 65536)));
+  if (required && !served) {
+    return Status(StatusCode::kUnsupported,
+                  std::string(kOp) + ": kernel: kSm90 serves d_qk = d_v = 128, h_kv and b up to 65535 (got d (" +
+                      std::to_string(shape.d_qk) + ", " + std::to_string(shape.d_v) + "), h_kv " +
+                      std::to_string(shape.h_kv) + ", b " + std::to_string(shape.b) + "): expected kAuto or kPortable");
+  }
+  // kAuto: the Hopper main kernel where it serves the problem and its TMA can read the layout
+  // (16-byte rows of q, k, v, dout), the portable one otherwise.
   MhaBackwardMaps maps;
-  if (args.kernel == MlaKernel::kSm90) {
-    if (!mha_sm90_backward_supported(shape.d_qk, shape.d_v, shape.h_kv, static_cast<int>(std::min<int64_t>(shape.b, 65536)))) {
-      return Status(StatusCode::kUnsupported,
-                    std::string(kOp) + ": kernel: kSm90 serves d_qk = d_v = 128, h_kv and b up to 65535 (got d (" +
-                        std::to_string(shape.d_qk) + ", " + std::to_string(shape.d_v) + "), h_kv " +
-                        std::to_string(shape.h_kv) + ", b " + std::to_string(shape.b) + "): expected kAuto or kPortable");
-    }
+  const MhaBackwardMaps* sm90 = nullptr;
+  if (required || (args.kernel == MlaKernel::kAuto && hopper && served)) {
     std::string why;
-    if (!make_mha_backward_maps(params, bf16, &maps, &why)) {
+    if (make_mha_backward_maps(params, bf16, &maps, &why)) {
+      sm90 = &maps;
+    } else if (required) {
       return Status(StatusCode::kInvalidArgument, std::string(kOp) + ": kernel: kSm90 cannot take this layout: " + why);
     }
   }
-  const MhaBackwardMaps* sm90 = args.kernel == MlaKernel::kSm90 ? &maps : nullptr;
   return bf16 ? run<__nv_bfloat16>(params, sm90, stream) : run<__half>(params, sm90, stream);
 }
 

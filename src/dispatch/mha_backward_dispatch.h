@@ -11,9 +11,11 @@ namespace mlakit::detail {
 
 // Arguments validated (validate_mha_prefill_backward_args and the GPU entry's layout rules),
 // b >= 1; `softmax_scale` resolved; `workspace` holds `layout.bytes` bytes (may be null when
-// that is 0); `bulk_dq`: the device is sm90 (dQ by bulk reductions, MhaBackwardConfig).
+// that is 0); `bulk_dq`: the device has bulk reductions (sm90 and later: dQ by bulk
+// reductions, MhaBackwardConfig); `hopper`: the device is compute capability 9.x, where kAuto
+// takes the Hopper main kernel for the problems and layouts it serves.
 Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefillShape& shape, float softmax_scale,
-                             const MhaBackwardWorkspace& layout, bool bulk_dq, void* workspace,
+                             const MhaBackwardWorkspace& layout, bool bulk_dq, bool hopper, void* workspace,
                              cudaStream_t stream);
 
 }  // namespace mlakit::detail

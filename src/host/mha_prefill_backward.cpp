@@ -19,9 +19,9 @@ namespace {
 
 constexpr const char* kOp = "mha_prefill_backward";
 
-// The kernel request: kAuto and kPortable run the portable kernels; kSm90 the Hopper main
-// kernel (not yet chosen by kAuto: it has not been validated on a GPU), where it serves the
-// problem (the dispatch says why not otherwise).
+// The kernel request: kPortable runs the portable kernels; kSm90 the Hopper main kernel where
+// it serves the problem (the dispatch says why not otherwise); kAuto the Hopper one where it
+// serves the problem and the layout on a Hopper GPU, the portable ones otherwise.
 Status check_kernel_request(const char* op, MlaKernel kernel) {
   if (kernel == MlaKernel::kAuto || kernel == MlaKernel::kPortable || kernel == MlaKernel::kSm90) {
     return Status::ok();
@@ -91,7 +91,7 @@ Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, void* workspace,
   if (shape.b == 0) return Status::ok();
 #if MLAKIT_WITH_CUDA
   return detail::dispatch_mha_backward(args, shape, detail::resolve_softmax_scale(args.softmax_scale, shape.d_qk),
-                                       layout, bulk_dq, workspace, stream);
+                                       layout, bulk_dq, /*hopper=*/dev.cc_major == 9, workspace, stream);
 #else
   (void)stream;
   return detail::built_without_cuda(kOp);

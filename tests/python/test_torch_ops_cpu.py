@@ -369,7 +369,8 @@ def test_deterministic_and_the_kernel_choice_reach_the_backward(monkeypatch):
     for deterministic in (False, True):
         backward_of(flash_mla.flash_attn_varlen_func(*leaves(q, k, v), cu_q, cu_k, 9, 9, causal=True,
                                                      deterministic=deterministic), dout)
-    # The forward's kernel choice: 'portable' carries over, 'sm90' (no backward kernel yet) asks for 'auto'.
+    # The forward's kernel choice: 'portable' carries over, 'sm90' asks for 'auto' (the Hopper
+    # backward serves fewer head dims than the Hopper forward).
     for kernel in ("portable", "sm90", "auto"):
         backward_of(OPS.mha_prefill(*leaves(q, k, v), cu_q, cu_k, 9, 9, None, True, kernel), dout)
     assert seen == [(False, "auto"), (True, "auto"), (False, "portable"), (False, "auto"), (False, "auto")]
