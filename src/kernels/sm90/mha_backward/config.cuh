@@ -13,6 +13,7 @@
 #include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
+#include "kernels/sm90/warp_roles.cuh"
 
 namespace mlakit::detail::mha_bwd_sm90 {
 
@@ -28,9 +29,9 @@ struct Config {
   // Query rows per tile: the workspace's query tiles (the deterministic counters' unit).
   static constexpr int kBlockM = mha_backward_query_rows(kDqk);
   static constexpr int kStages = 2;  // Q / dO tiles
-  static constexpr int kThreads = (1 + kConsumers) * dev::kWarpgroupThreads;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  static constexpr int kThreads = sm90::WarpRoles<kConsumers, kProducerRegs, kConsumerRegs>::kThreads;
 
   static constexpr int kSlabCols = dev::kSwizzleRowBytes / 2;  // 16-bit elements per slab row
   static constexpr int kQkSlabs = kDqk / kSlabCols;
@@ -54,9 +55,6 @@ struct Config {
   static_assert(kDqk == 128 && kDv == 128, "this kernel serves d 128 (the portable one the rest)");
   static_assert(kBlockM == 64, "one m64 wgmma of dQ per query tile");
   static_assert(kDqCols == kSlabCols, "each consumer's dQ columns are one K slab (the product's B)");
-  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
-  static_assert((kProducerRegs + kConsumers * kConsumerRegs) * dev::kWarpgroupThreads <= kLaunchRegs * kThreads,
-                "setmaxnreg: the consumers' registers come from the producer's");
 };
 
 template <class C>

@@ -13,13 +13,12 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "device/sm90/sync.cuh"
-#include "device/sm90/warpgroup.cuh"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/mha_backward/config.cuh"
 #include "kernels/sm90/mha_backward/consumer.cuh"
 #include "kernels/sm90/mha_backward/producer.cuh"
 #include "kernels/sm90/mha_backward/work.cuh"
+#include "kernels/sm90/warp_roles.cuh"
 
 namespace mlakit::detail::mha_bwd_sm90 {
 
@@ -31,28 +30,19 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   if (!w.has_keys) return;  // uniform over the CTA: nobody waits on anybody yet
   extern __shared__ uint8_t smem_raw[];
   Smem<C>& sm = setup_shared_memory<C>(smem_raw);
-  const int warpgroup = static_cast<int>(threadIdx.x) / dev::kWarpgroupThreads;
-  if (warpgroup == 0) {
-    dev::setmaxnreg_dec<C::kProducerRegs>();
-    if (threadIdx.x < dev::kWarpSize) produce<C>(p, maps, w, sm, static_cast<int>(threadIdx.x));
-  } else {
-    dev::setmaxnreg_inc<C::kConsumerRegs>();
-    Consumer<C, Elem> consumer(p, sm, w, warpgroup - 1, static_cast<int>(threadIdx.x) % dev::kWarpgroupThreads);
-    consumer.run();
-  }
+  sm90::run_warp_roles<C::kProducerRegs, C::kConsumerRegs>(
+      [&](int lane) { produce<C>(p, maps, w, sm, lane); },
+      [&](int g, int t) { Consumer<C, Elem>(p, sm, w, g, t).run(); });
 #endif
 }
 
 template <class C, typename Elem>
 cudaError_t launch(const MhaBackwardParams& p, const MhaBackwardMaps& maps, cudaStream_t stream) {
   static_assert(kSmemBytes<C> <= 227 * 1024, "the opt-in shared memory of one CTA");
-  auto kernel = &mha_backward_sm90_kernel<C, Elem>;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<C>);
-  if (err != cudaSuccess) return err;
   const dim3 grid((p.max_seqlen_k + C::kBlockN - 1) / C::kBlockN, p.h_kv, p.b);
   if (grid.x == 0) return cudaSuccess;  // no key anywhere: dk and dv are empty
-  kernel<<<grid, C::kThreads, kSmemBytes<C>, stream>>>(p, maps);
-  return cudaGetLastError();
+  return sm90::launch_with_shared_memory(&mha_backward_sm90_kernel<C, Elem>, grid, C::kThreads, kSmemBytes<C>,
+                                         stream, p, maps);
 }
 
 }  // namespace mlakit::detail::mha_bwd_sm90

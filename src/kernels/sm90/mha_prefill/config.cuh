@@ -8,6 +8,7 @@
 #include "device/sm90/sync.cuh"
 #include "device/sm90/warpgroup.cuh"
 #include "kernels/sm90/launch.h"
+#include "kernels/sm90/warp_roles.cuh"
 
 namespace mlakit::detail::mha_sm90 {
 
@@ -28,9 +29,9 @@ struct Config {
   // Keys per tile: as many as the registers allow (S kBlockN / 2 + P kBlockN / 4 + O d_v / 2
   // per thread; launch.h).
   static constexpr int kBlockN = mha_sm90_block_n(kDqk, kDv, kWideKeysT);
-  static constexpr int kThreads = (1 + kConsumers) * dev::kWarpgroupThreads;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static constexpr int kThreads = sm90::WarpRoles<kConsumers, kProducerRegs, kConsumerRegs>::kThreads;
 
   static constexpr int kSlabCols = dev::kSwizzleRowBytes / 2;  // 16-bit elements
   static constexpr int kQkSlabs = kDqk / kSlabCols;
@@ -54,11 +55,6 @@ struct Config {
   static_assert(kDqk % kSlabCols == 0 && kDv % kSlabCols == 0, "head dims are whole slabs");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "one wgmma N and whole k16 steps of P.V");
   static_assert(kKvSlabBytes % 1024 == 0 && kConsumerQOffset % 1024 == 0, "swizzle atoms stay aligned");
-  // setmaxnreg moves registers within the CTA's launch allocation (65536 / threads, rounded
-  // down to 8): the consumers can take only what the producer gives back.
-  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
-  static_assert((kProducerRegs + kConsumers * kConsumerRegs) * dev::kWarpgroupThreads <= kLaunchRegs * kThreads,
-                "setmaxnreg: the consumers' registers come from the producer's");
 };
 
 template <class C>
