@@ -3,7 +3,8 @@
 # the main job, the benchmark; logs and JSON under $OUT; a short summary printed last.
 # Usage (on the GPU machine): bash scripts/gpu_check.sh [--skip-tests] [--skip-bench] [--pip]
 #                                 [--compare[=COMPARE_ARGS]] [--timeline=CASE_FILTER]
-#                                 [--profile=KERNEL_REGEX:BENCH_FILTER] [bench args...]
+#                                 [--profile=KERNEL_REGEX:BENCH_FILTER]
+#                                 [--profile-compare=KERNEL_REGEX:COMPARE_ARGS] [bench args...]
 #   --compare[=ARGS]: bench/compare.py, mlakit (build-gpu/python) side by side with FlashMLA
 #          (.baselines/flashmla, carried into the call; its .so.xz is decompressed here) on
 #          identical tensors; ARGS (space-separated, e.g. --compare=--quick) go to compare.py.
@@ -30,6 +31,11 @@
 #   --profile: Nsight Compute on one launch of the kernels matching KERNEL_REGEX while the
 #          benchmark runs the BENCH_FILTER cases: the details page and the per-SASS-instruction
 #          source page (stall sampling) as CSV under $OUT.
+#   --profile-compare=KERNEL_REGEX:COMPARE_ARGS: the same Nsight Compute sections on the first
+#          PROFILE_LAUNCHES (default 4) launches matching KERNEL_REGEX while bench/compare.py runs
+#          with COMPARE_ARGS (space-separated, e.g. "--families mha_backward --filter
+#          s4096_d128_128$ --sides sdpa_cudnn,mlakit"): both sides of a gap in one report, for the
+#          operations mlakit-bench does not run (the regex can match the baseline's kernels too).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
@@ -46,6 +52,7 @@ compare_before=""
 stress_cases=0
 run_sanitize=0
 profile=""
+profile_compare=""
 timeline=""
 bench_args=()
 for arg in "$@"; do
@@ -60,6 +67,7 @@ for arg in "$@"; do
     --compare=*) run_compare=1; compare_args="${arg#--compare=}" ;;
     --compare-before=*) run_compare=1; compare_before="${arg#--compare-before=}" ;;
     --profile=*) profile="${arg#--profile=}" ;;
+    --profile-compare=*) profile_compare="${arg#--profile-compare=}" ;;
     --timeline=*) timeline="${arg#--timeline=}" ;;
     *) bench_args+=("$arg") ;;
   esac
@@ -230,18 +238,33 @@ if [ -n "$timeline" ]; then
   timeout 300 "$build/bench/mlakit-decode-timeline" "$timeline" 8192 >"$OUT/decode_timeline.log" 2>&1
   note "decode timeline ($timeline): rc=$?"; tee -a "$summary" <"$OUT/decode_timeline.log"
 fi
-if [ -n "$profile" ]; then
-  kernel_regex="${profile%%:*}" bench_filter="${profile#*:}"
-  timeout 300 ncu --clock-control none --kernel-name "regex:$kernel_regex" --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section WarpStateStats --section SourceCounters --section SchedulerStats \
-    --section InstructionStats --section MemoryWorkloadAnalysis --section LaunchStats --import-source no \
-    -f -o "$OUT/profile" "$build/bench/mlakit-bench" --quick --runs 3 --filter "$bench_filter" --out /tmp/profile-bench \
-    >"$OUT/profile.log" 2>&1
-  note "profile ($profile): rc=$?"; tail -3 "$OUT/profile.log" | tee -a "$summary"
+ncu_sections=(--section SpeedOfLight --section WarpStateStats --section SourceCounters --section SchedulerStats
+              --section InstructionStats --section MemoryWorkloadAnalysis --section LaunchStats --import-source no)
+# The report's details page and per-SASS-instruction source page as CSV, the report removed.
+export_profile() {
   ncu -i "$OUT/profile.ncu-rep" --page details --csv >"$OUT/profile_details.csv" 2>&1
   ncu -i "$OUT/profile.ncu-rep" --page source --csv --print-source sass >"$OUT/profile_sass.csv" 2>&1
   gzip -f "$OUT/profile_sass.csv"
   rm -f "$OUT/profile.ncu-rep"
+}
+if [ -n "$profile" ]; then
+  kernel_regex="${profile%%:*}" bench_filter="${profile#*:}"
+  timeout 300 ncu --clock-control none --kernel-name "regex:$kernel_regex" --launch-skip 2 --launch-count 1 \
+    "${ncu_sections[@]}" -f -o "$OUT/profile" "$build/bench/mlakit-bench" --quick --runs 3 --filter "$bench_filter" \
+    --out /tmp/profile-bench >"$OUT/profile.log" 2>&1
+  note "profile ($profile): rc=$?"; tail -3 "$OUT/profile.log" | tee -a "$summary"
+  export_profile
+fi
+if [ -n "$profile_compare" ]; then
+  kernel_regex="${profile_compare%%:*}" compare_profile_args="${profile_compare#*:}"
+  # shellcheck disable=SC2086  # compare_profile_args: several arguments on purpose
+  PYTHONPATH="$PWD/$build/python:$PWD/.baselines/flashmla${PYTHONPATH:+:$PYTHONPATH}" \
+    timeout 400 ncu --clock-control none --kernel-name "regex:$kernel_regex" --launch-count "${PROFILE_LAUNCHES:-4}" \
+    "${ncu_sections[@]}" -f -o "$OUT/profile" python3 bench/compare.py $compare_profile_args --rounds 2 --rep-ms 20 \
+    --warmup-ms 5 --no-idle --no-profile --no-fresh --no-ceilings --no-chart --out-dir /tmp/profile-compare \
+    >"$OUT/profile.log" 2>&1
+  note "profile-compare ($profile_compare): rc=$?"; tail -3 "$OUT/profile.log" | tee -a "$summary"
+  export_profile
 fi
 note "total: $(( $(date +%s) - start )) s"
 # The device returns a few files per call: the logs travel as one archive.
