@@ -44,12 +44,12 @@ def mla_decode_plan(cache_seqlens: Any, s_q: int, h_q: int, h_kv: int = 1, kerne
     return workspace, plan
 
 
-def check_plan(op: str, plan: Any) -> Optional[WorkspacePlan]:
-    """None, or the ``(workspace, plan)`` pair a plan function returned."""
-    if plan is not None and not (isinstance(plan, tuple) and len(plan) == 2 and isinstance(plan[1], MlaDecodePlan)):
-        raise TypeError(
-            f"{op}: plan: expected None or the (workspace, plan) pair of the plan function, got {type(plan).__name__}"
-        )
+def check_plan(op: str, plan: Any, plan_type: type = MlaDecodePlan,
+               source: str = "the plan function") -> Optional[Tuple[Any, Any]]:
+    """None, or the ``(workspace, plan)`` pair a plan function returned (its plan a ``plan_type``;
+    ``source`` names the function in the error)."""
+    if plan is not None and not (isinstance(plan, tuple) and len(plan) == 2 and isinstance(plan[1], plan_type)):
+        raise TypeError(f"{op}: plan: expected None or the (workspace, plan) pair of {source}, got {type(plan).__name__}")
     return plan
 
 

@@ -9,6 +9,7 @@ from typing import Any, Optional, Tuple, Union
 from . import _arrays as arrays
 from . import _checks as checks
 from . import _mlakit as _C
+from ._decode import check_plan
 from ._gqa_cache import call, check_cache, rope_arguments, same_place, scale_argument
 
 GqaDecodePlan = _C.GqaDecodePlan
@@ -46,15 +47,6 @@ def gqa_decode_plan(
         plan = call(op, _C.gqa_decode_plan, b, s_q, h_q, h_kv, d, causal, window, cache_seqlens, workspace,
                     arrays.current_stream(cache_seqlens))
     return workspace, plan
-
-
-def _check_plan(op: str, plan: Any) -> Optional[GqaWorkspacePlan]:
-    """None, or the ``(workspace, plan)`` pair :func:`gqa_decode_plan` returned."""
-    if plan is not None and not (isinstance(plan, tuple) and len(plan) == 2 and isinstance(plan[1], GqaDecodePlan)):
-        raise TypeError(
-            f"{op}: plan: expected None or the (workspace, plan) pair of gqa_decode_plan, got {type(plan).__name__}"
-        )
-    return plan
 
 
 def gqa_decode(
@@ -135,7 +127,7 @@ def gqa_decode(
     return_lse = checks.flag(op, "return_lse", return_lse)
     if out is not None:
         checks.writable(op, "out", checks.array(op, "out", out, "[b, s_q, h_q, d]"))
-    _check_plan(op, plan)
+    check_plan(op, plan, GqaDecodePlan, "gqa_decode_plan")
     same_place(op, "q", q, dict(k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                                  cache_seqlens=cache_seqlens, k_scale=k_scale, v_scale=v_scale, k_new=k_new,
                                  v_new=v_new, alibi_slopes=alibi_slopes, finished=finished, out=out))
