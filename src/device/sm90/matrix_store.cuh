@@ -17,4 +17,14 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_row_addr, uint32_t r0,
                : "memory");
 }
 
+// stmatrix.sync.aligned.m8n8.x4.trans.shared.b16: the same four tiles, each stored
+// transposed: the 16 bytes at lane t's address (row t % 8 of tile t / 8) receive column t % 8
+// of that tile (the tile's rows 0..7 in order).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t smem_row_addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                                  uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_row_addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 }  // namespace mlakit::device::sm90

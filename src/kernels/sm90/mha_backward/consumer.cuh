@@ -17,6 +17,7 @@
 #include "device/async_proxy.cuh"
 #include "device/gpu_flag.cuh"
 #include "device/numeric.cuh"
+#include "device/sm90/matrix_store.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "device/sm90/wgmma_fragment.cuh"
@@ -155,13 +156,11 @@ class Consumer {
 
   // dS^T = P^T (dP^T - D[query]) in place; P^T and dS^T packed into the RS A fragments over the
   // queries (pack(x[8 kb + 2 r], x[8 kb + 2 r + 1]) for query block kb, as the forward's P),
-  // and dS stored as [query][key] (q's dtype, 128-byte swizzle) into this consumer's slab of
-  // the tile parity's dS buffer. Masked P are 0, so their dS are 0 (dP is finite: rows past a
-  // sequence are zeroed).
+  // and dS stored from them (store_ds). Masked P are 0, so their dS are 0 (dP is finite: rows
+  // past a sequence are zeroed).
   __device__ void score_gradients(const float (&s)[kSRegs], float (&dp)[kSRegs], int stage, int parity,
                                   uint32_t (&pfrag)[kQuerySteps][4], uint32_t (&dsfrag)[kQuerySteps][4]) {
     const int c = lane_ % 4;
-    uint8_t* ds_slab = &sm_.ds[parity][g_][0];
 #pragma unroll
     for (int j8 = 0; j8 < kSRegs / 4; ++j8) {
       const int col = 8 * j8 + 2 * c;
@@ -170,10 +169,6 @@ class Consumer {
       for (int e = 0; e < 4; ++e) {
         const int i = 4 * j8 + e;
         dp[i] = s[i] * (dp[i] - ((e & 1) ? dd.y : dd.x));
-        // dS[query][key] into the swizzled slab: row = query, 16-byte chunk = key / 8.
-        const int key_local = dev::acc_row(t_, i), query = col + (e & 1);
-        *reinterpret_cast<Elem*>(ds_slab + dev::sw128_offset(query, key_local / 8) + (key_local % 8) * 2) =
-            Ops::from_float(dp[i]);
       }
     }
 #pragma unroll
@@ -183,6 +178,25 @@ class Consumer {
         pfrag[kb][r] = Ops::pack(s[8 * kb + 2 * r], s[8 * kb + 2 * r + 1]);
         dsfrag[kb][r] = Ops::pack(dp[8 * kb + 2 * r], dp[8 * kb + 2 * r + 1]);
       }
+    }
+    store_ds(dsfrag, parity);
+  }
+
+  // dS as [query][key] (q's dtype, 128-byte swizzle: row = query, 16-byte chunk = key / 8) into
+  // this consumer's slab of the tile parity's buffer, by stmatrix.trans from the packed dS^T:
+  // the 8 x 8 block (h, j) of this warp's dS^T (keys 16 warp + 8 h .., queries 8 j ..) is
+  // dsfrag[j / 2][2 (j % 2) + h], and stored transposed it is 8 query rows of key chunk
+  // 2 warp + h. Call kb stores dsfrag[kb][0..3], blocks (h, j) = (b % 2, 2 kb + b / 2) for
+  // b = 0..3; lane l addresses row l % 8 of block b = l / 8.
+  __device__ void store_ds(const uint32_t (&dsfrag)[kQuerySteps][4], int parity) const {
+    const uint32_t slab = dev::smem_u32(&sm_.ds[parity][g_][0]);
+    const int block = lane_ / 8;
+    const int chunk = 2 * (t_ / dev::kWarpSize) + block % 2;
+#pragma unroll
+    for (int kb = 0; kb < kQuerySteps; ++kb) {
+      const int query = 8 * (2 * kb + block / 2) + lane_ % 8;
+      dev::stmatrix_x4_trans(slab + dev::sw128_offset(query, chunk), dsfrag[kb][0], dsfrag[kb][1], dsfrag[kb][2],
+                             dsfrag[kb][3]);
     }
   }
 
