@@ -51,7 +51,8 @@ class Consumer {
     if (w_.tiles > 0) dev::mbarrier_wait(&sm_.kv_full, 0);
 #pragma unroll 1
     for (int it = 0; it < w_.tiles; ++it) tile(it, dk, dv);
-    if (t_ < C::kBlockM) device::bulk_wait_all();  // this thread's dQ reductions are done
+    if (w_.tiles > 0) add_dq(w_.tiles - 1);
+    if (adder_row() >= 0) device::bulk_wait_all();  // this thread's dQ reductions are done
     store_key_gradients(dk, dv);
   }
 
@@ -71,16 +72,18 @@ class Consumer {
   static constexpr uint32_t kAddedBarrier = 5;
   static constexpr uint32_t kBothThreads = C::kConsumers * dev::kWarpgroupThreads;
 
+  // One query tile. The previous tile's dQ, staged in shared memory, is added while this
+  // tile's S^T and dP^T run on the tensor cores; this tile's dQ is staged at the end.
   __device__ void tile(int it, float (&dk)[kKRegs], float (&dv)[kVRegs]) {
     const int stage = it % C::kStages;
-    const int head = tile_head<C>(p_, w_, it), row0 = tile_row0<C>(w_, it);
     dev::mbarrier_wait(&sm_.q_full[stage], (it / C::kStages) & 1);
 
     float s[kSRegs], dp[kSRegs];
     scores(s, dp, stage);
+    if (it > 0) add_dq(it - 1);
     dev::wgmma_wait<1>();  // S^T done; dP^T may still run while P^T is computed
     dev::fence_registers(s);
-    probabilities(s, stage, row0);
+    probabilities(s, stage, tile_row0<C>(w_, it));
     dev::wgmma_wait<0>();
     dev::fence_registers(dp);
     uint32_t pfrag[kQuerySteps][4], dsfrag[kQuerySteps][4];
@@ -98,7 +101,7 @@ class Consumer {
     dev::fence_registers(pfrag);
     dev::fence_registers(dsfrag);
     dev::mbarrier_arrive(&sm_.q_empty[stage][g_]);  // this thread's reads of Q, dO, lse2, D of the stage done
-    add_dq(dq, head, row0);
+    stage_dq(dq);
   }
 
   // Issues S^T = K Q^T and dP^T = V dO^T of this consumer's 64 keys (SS, both operands
@@ -243,14 +246,14 @@ class Consumer {
   // tile's rows from the last one that sees it down to 0, ordered by the tile's counter (the
   // portable kernel's protocol): thread 0 of consumer 0 waits for this key tile's turn, both
   // consumers add, their adds are made (not only issued), and the same thread advances it.
-  __device__ void add_dq(const float (&dq)[kQRegs], int head, int row0) {
+  __device__ void add_dq(int it) {
+    const int head = tile_head<C>(p_, w_, it), row0 = tile_row0<C>(w_, it);
     int32_t* counter = nullptr;
     int32_t turn = 0;
     if (p_.deterministic) {
       counter = p_.counters + (static_cast<int64_t>(w_.batch) * p_.h_q + head) * p_.query_tiles + row0 / C::kBlockM;
       turn = last_key_tile<C>(p_, w_, row0) - w_.key_tile;
     }
-    stage_dq(dq);
     if (p_.deterministic) {
       if (g_ == 0 && t_ == 0) device::wait_until_equal(counter, turn);
       __syncwarp();  // warp 0 whole again before the barrier (bar.sync counts whole warps)
@@ -258,7 +261,7 @@ class Consumer {
     }
     issue_dq_adds(head, row0);
     if (p_.deterministic) {
-      if (t_ < C::kBlockM) device::bulk_wait_all();
+      if (adder_row() >= 0) device::bulk_wait_all();
       dev::named_barrier_sync(kAddedBarrier, kBothThreads);
       if (g_ == 0 && t_ == 0) {
         __threadfence();
@@ -269,7 +272,7 @@ class Consumer {
 
   __device__ void stage_dq(const float (&dq)[kQRegs]) {
     uint8_t* staging = &sm_.dq[g_][0];
-    if (t_ < C::kBlockM) device::bulk_wait_reads();
+    if (adder_row() >= 0) device::bulk_wait_reads();
     dev::named_barrier_sync(kStagingBarrier + g_, dev::kWarpgroupThreads);
 #pragma unroll
     for (int i = 0; i < kQRegs; i += 2) {
@@ -282,12 +285,21 @@ class Consumer {
 
   __device__ void issue_dq_adds(int head, int row0) {
     const uint8_t* staging = &sm_.dq[g_][0];
-    if (t_ < C::kBlockM && row0 + t_ < w_.q_rows) {
-      const int64_t token = int64_t{w_.q_begin} + row0 + t_;
+    const int row = adder_row();
+    if (row >= 0 && row0 + row < w_.q_rows) {
+      const int64_t token = int64_t{w_.q_begin} + row0 + row;
       float* dst = p_.dq_accum + (token * p_.h_q + head) * C::kDqk + g_ * C::kDqCols;
-      device::bulk_reduce_add_f32(dst, dev::smem_u32(staging + t_ * C::kDqRowBytes), C::kDqCols * 4);
+      device::bulk_reduce_add_f32(dst, dev::smem_u32(staging + row * C::kDqRowBytes), C::kDqCols * 4);
       device::bulk_commit_group();
     }
+  }
+
+  // The staging row this thread adds (lanes 0..15 of each warp: a bulk reduction takes its
+  // addresses from uniform registers, so a warp issues its lanes' reductions one after another,
+  // and four warps of 16 take half as long as two of 32), or -1.
+  __device__ int adder_row() const {
+    constexpr int kRowsPerWarp = C::kBlockM / (dev::kWarpgroupThreads / dev::kWarpSize);
+    return lane_ < kRowsPerWarp ? (t_ / dev::kWarpSize) * kRowsPerWarp + lane_ : -1;
   }
 
   // dK (times softmax_scale) and dV of this consumer's keys inside the sequence, in q's dtype,
