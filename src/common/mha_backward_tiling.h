@@ -2,12 +2,14 @@
 // the host (workspace size) and the kernels (where each part lives), so the two cannot drift.
 //
 // The workspace, each part 256-byte aligned:
-//   dq_accum  float32 [total_q, h_q, d_qk]  dq / softmax_scale summed over key tiles
+//   dq_accum  float32 dq / softmax_scale summed over key tiles: [total_q, h_q, d_qk] for the
+//             portable main kernel, in query tiles for the Hopper one (below); sized for both
+//             where the Hopper one may run
 //   row_dot   float32 [h_q, total_q]        D = rowsum(dout * out) per query row
 //   counters  int32   [b, h_q, query tiles of max_seqlen_q]  (deterministic mode only): how
 //             many key tiles have added into a query tile's dq_accum rows, which orders them
-// E.g. total_q 16384, h_q 32, d_qk 128, b 4, max_seqlen_q 4096, deterministic: dq_accum
-// 256 MiB, row_dot 2 MiB, counters 4 * 32 * 64 * 4 = 32 KiB.
+// E.g. total_q 16384, h_q 32, d 128, b 4, max_seqlen_q 4096, deterministic: dq_accum 260 MiB
+// (260 slots of 64 rows; 256 MiB in rows), row_dot 2 MiB, counters 4 * 32 * 64 * 4 = 32 KiB.
 #pragma once
 
 #include <cstdint>
@@ -91,11 +93,36 @@ inline int mha_backward_smem_bytes(int d_qk, int d_v, bool bulk_dq) {
   return bulk_dq ? mha_backward_smem_bytes<true>(d_qk, d_v) : mha_backward_smem_bytes<false>(d_qk, d_v);
 }
 
+// Head dims the Hopper main kernel serves (src/kernels/sm90/launch.h adds the grid's limits).
+MLAKIT_HD constexpr bool mha_backward_hopper_dims(int d_qk, int d_v) { return d_qk == 128 && d_v == 128; }
+
+// The Hopper main kernel's dq_accum, in query tiles ("slots") of mha_backward_query_rows rows:
+// sequence s (first row c = cu_seqlens_q[s]) has its tile j in slot c / rows + s + j. Slots of
+// different sequences never meet: a sequence of n rows ends before slot (c + n) / rows + s + 1,
+// the next one's first; the last ends before total_q / rows + b. Per slot and query head a
+// block of rows x d_qk floats in 64-column parts, each part in the wgmma accumulator's
+// fragment order (float2 (i / 2) * 128 + t holds registers i, i + 1 of thread t of the
+// warpgroup, device/sm90/wgmma_fragment.cuh): the kernel stages a tile's dQ part with
+// conflict-free stores and adds it with one bulk reduction; rows past the sequence add zeros
+// into slot rows nobody reads.
+inline constexpr int kMhaBackwardDqPartCols = 64;
+MLAKIT_HD constexpr int64_t mha_backward_dq_slots(int64_t b, int64_t total_q, int d_qk) {
+  return total_q == 0 ? 0 : total_q / mha_backward_query_rows(d_qk) + b;
+}
+MLAKIT_HD constexpr int64_t mha_backward_dq_slot(int64_t first_row, int64_t sequence, int64_t tile, int d_qk) {
+  return first_row / mha_backward_query_rows(d_qk) + sequence + tile;
+}
+// Float offset of (slot, query head)'s block.
+MLAKIT_HD constexpr int64_t mha_backward_dq_block(int64_t slot, int64_t head, int h_q, int d_qk) {
+  return (slot * h_q + head) * mha_backward_query_rows(d_qk) * d_qk;
+}
+
 struct MhaBackwardWorkspace {
   int64_t dq_accum_offset = 0;  // bytes from the workspace's start
   int64_t row_dot_offset = 0;
   int64_t counters_offset = 0;
   int64_t counters = 0;  // int32 counters (0 without the deterministic mode)
+  int64_t dq_slots = 0;  // query-tile slots of the Hopper kernel's dq_accum (0: not sized for it)
   int64_t bytes = 0;     // total
 };
 
@@ -112,11 +139,14 @@ MLAKIT_HD constexpr int64_t mha_backward_query_tiles(int max_seqlen_q, int d_qk)
 // The byte sizes cannot overflow: every extent was checked to fit its tensor (total_q * h_q *
 // d_qk elements addressable), and b, h_q, max_seqlen_q are ints.
 MLAKIT_HD constexpr MhaBackwardWorkspace mha_backward_workspace(int64_t b, int64_t total_q, int h_q,
-                                                                         int d_qk, int max_seqlen_q,
+                                                                         int d_qk, int d_v, int max_seqlen_q,
                                                                          bool deterministic) {
   MhaBackwardWorkspace w;
   w.dq_accum_offset = 0;
-  w.row_dot_offset = mha_backward_align(total_q * h_q * d_qk * 4);
+  w.dq_slots = mha_backward_hopper_dims(d_qk, d_v) ? mha_backward_dq_slots(b, total_q, d_qk) : 0;
+  const int64_t row_floats = total_q * h_q * d_qk;
+  const int64_t tile_floats = mha_backward_dq_block(w.dq_slots, 0, h_q, d_qk);
+  w.row_dot_offset = mha_backward_align((row_floats > tile_floats ? row_floats : tile_floats) * 4);
   w.counters_offset = w.row_dot_offset + mha_backward_align(total_q * h_q * 4);
   w.counters = deterministic ? b * h_q * mha_backward_query_tiles(max_seqlen_q, d_qk) : 0;
   w.bytes = w.counters_offset + mha_backward_align(w.counters * 4);

@@ -61,13 +61,18 @@ MhaBackwardParams mha_backward_params(const MhaPrefillBackwardArgs& a, const Mha
   return p;
 }
 
-// maps: the Hopper main kernel's, or null for the portable one.
+// maps: the Hopper main kernel's (its dq_accum in query-tile slots, zeroed and converted by its
+// own kernels), or null for the portable one.
 template <typename Elem>
 Status run(const MhaBackwardParams& params, const MhaBackwardMaps* maps, cudaStream_t stream) {
+  if (maps != nullptr) MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, launch_mha_backward_sm90_dq_zero(params, stream)));
   MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, launch_mha_backward_preprocess<Elem>(params, stream)));
-  MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, maps != nullptr ? launch_mha_backward_sm90<Elem>(params, *maps, stream)
-                                                          : launch_mha_backward_main_portable<Elem>(params, stream)));
-  return cuda_status(kOp, launch_mha_backward_postprocess<Elem>(params, stream));
+  if (maps == nullptr) {
+    MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, launch_mha_backward_main_portable<Elem>(params, stream)));
+    return cuda_status(kOp, launch_mha_backward_postprocess<Elem>(params, stream));
+  }
+  MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, launch_mha_backward_sm90<Elem>(params, *maps, stream)));
+  return cuda_status(kOp, launch_mha_backward_sm90_dq_convert<Elem>(params, stream));
 }
 
 }  // namespace
@@ -75,7 +80,7 @@ Status run(const MhaBackwardParams& params, const MhaBackwardMaps* maps, cudaStr
 Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefillShape& shape, float softmax_scale,
                              const MhaBackwardWorkspace& layout, bool bulk_dq, bool hopper, void* workspace,
                              cudaStream_t stream) {
-  const MhaBackwardParams params = mha_backward_params(args, shape, softmax_scale, layout, bulk_dq, workspace);
+  MhaBackwardParams params = mha_backward_params(args, shape, softmax_scale, layout, bulk_dq, workspace);
   const bool bf16 = args.q.dtype == DType::kBF16;
   const bool required = args.kernel == MlaKernel::kSm90;
   const bool served =
@@ -94,6 +99,8 @@ Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefil
     std::string why;
     if (make_mha_backward_maps(params, bf16, &maps, &why)) {
       sm90 = &maps;
+      params.dq_tiled = true;  // the workspace has room for the slots wherever the kernel serves the dims
+      params.dq_slots = layout.dq_slots;
     } else if (required) {
       return Status(StatusCode::kInvalidArgument, std::string(kOp) + ": kernel: kSm90 cannot take this layout: " + why);
     }

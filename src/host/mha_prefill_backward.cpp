@@ -31,7 +31,8 @@ Status check_kernel_request(const char* op, MlaKernel kernel) {
 }
 
 detail::MhaBackwardWorkspace workspace_of(const MhaPrefillBackwardArgs& args, const detail::MhaPrefillShape& s) {
-  return detail::mha_backward_workspace(s.b, s.total_q, s.h_q, s.d_qk, args.max_seqlen_q, args.deterministic);
+  return detail::mha_backward_workspace(s.b, s.total_q, s.h_q, s.d_qk, s.d_v, args.max_seqlen_q,
+                                        args.deterministic);
 }
 
 }  // namespace

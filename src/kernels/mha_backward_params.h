@@ -19,7 +19,7 @@ struct MhaBackwardParams : MhaPrefillParams {
   void* dv = nullptr;          // [total_k, h_kv, d_v] Elem
   // Workspace (contiguous): dq / softmax_scale in float32, D = rowsum(dout * out), and the
   // deterministic mode's counters (null otherwise).
-  float* dq_accum = nullptr;    // [total_q, h_q, d_qk]
+  float* dq_accum = nullptr;    // [total_q, h_q, d_qk], or in query-tile slots (dq_tiled)
   float* row_dot = nullptr;     // [h_q, total_q]
   int32_t* counters = nullptr;  // [b, h_q, query_tiles]
   int64_t num_counters = 0;
@@ -30,6 +30,10 @@ struct MhaBackwardParams : MhaPrefillParams {
   int64_t dv_stride_t = 0, dv_stride_h = 0;
   bool deterministic = false;
   bool bulk_dq = false;  // sm90: dQ added by bulk reductions from shared memory (MhaBackwardConfig)
+  // The Hopper main kernel's dq_accum: dq_slots query-tile slots (common/mha_backward_tiling.h),
+  // zeroed before and converted after by its own kernels instead of the rows'.
+  bool dq_tiled = false;
+  int64_t dq_slots = 0;
 };
 
 }  // namespace mlakit::detail

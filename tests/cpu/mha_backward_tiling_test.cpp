@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "common/mha_backward_tiling.h"
 
@@ -15,24 +16,59 @@ constexpr int64_t kMiB = 1024 * 1024;
 // The worked example of the header comment: b 4, total_q 16384, h_q 32, d_qk 128,
 // max_seqlen_q 4096.
 TEST(MhaBackwardTiling, WorkspaceOfTheWorkedExample) {
-  const MhaBackwardWorkspace w = mha_backward_workspace(4, 16384, 32, 128, 4096, /*deterministic=*/true);
+  const MhaBackwardWorkspace w = mha_backward_workspace(4, 16384, 32, 128, 128, 4096, /*deterministic=*/true);
   EXPECT_EQ(w.dq_accum_offset, 0);
-  EXPECT_EQ(w.row_dot_offset, 256 * kMiB);                // dq_accum: 16384 * 32 * 128 floats
-  EXPECT_EQ(w.counters_offset, 256 * kMiB + 2 * kMiB);   // row_dot: 32 * 16384 floats
+  EXPECT_EQ(w.dq_slots, 16384 / 64 + 4);
+  EXPECT_EQ(w.row_dot_offset, 260 * kMiB);               // dq_accum: 260 slots x 32 heads x 64 x 128 floats
+  EXPECT_EQ(w.counters_offset, 260 * kMiB + 2 * kMiB);   // row_dot: 32 * 16384 floats
   EXPECT_EQ(w.counters, 4 * 32 * (4096 / 64));           // 64-row query tiles at d_qk 128
   EXPECT_EQ(w.bytes, w.counters_offset + 32 * 1024);
+  // Head dims the Hopper kernel does not serve: dq_accum in rows only.
+  const MhaBackwardWorkspace rows = mha_backward_workspace(4, 16384, 32, 192, 128, 4096, false);
+  EXPECT_EQ(rows.dq_slots, 0);
+  EXPECT_EQ(rows.row_dot_offset, 384 * kMiB);  // 16384 * 32 * 192 floats
+}
+
+// Slots of the Hopper kernel's dq_accum: every query tile of every sequence gets its own, all
+// below dq_slots, for random varlen batches (a brute-force check of the header's argument).
+TEST(MhaBackwardTiling, DqSlotsOfDifferentSequencesNeverMeet) {
+  uint64_t state = 12345;
+  auto next = [&](int bound) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int>((state >> 33) % static_cast<uint64_t>(bound));
+  };
+  for (int trial = 0; trial < 500; ++trial) {
+    const int b = 1 + next(9);
+    std::vector<int64_t> cu(b + 1, 0);
+    for (int s = 0; s < b; ++s) cu[s + 1] = cu[s] + (next(4) == 0 ? 0 : next(300));
+    const int64_t slots = mha_backward_dq_slots(b, cu[b], 128);
+    std::vector<int> owner(static_cast<size_t>(slots), -1);
+    for (int s = 0; s < b; ++s) {
+      const int64_t tiles = (cu[s + 1] - cu[s] + 63) / 64;
+      for (int64_t j = 0; j < tiles; ++j) {
+        const int64_t slot = mha_backward_dq_slot(cu[s], s, j, 128);
+        ASSERT_GE(slot, 0);
+        ASSERT_LT(slot, slots) << "trial " << trial << " sequence " << s << " tile " << j;
+        ASSERT_EQ(owner[static_cast<size_t>(slot)], -1) << "trial " << trial << " slot " << slot;
+        owner[static_cast<size_t>(slot)] = s;
+      }
+    }
+  }
+  EXPECT_EQ(mha_backward_dq_slots(5, 0, 128), 0);  // no query row: no slot
 }
 
 TEST(MhaBackwardTiling, PartsAreAlignedAndCountersOnlyInTheDeterministicMode) {
   for (int d_qk : {64, 128, 192, 256}) {
     for (int64_t total_q : {int64_t{0}, int64_t{1}, int64_t{33}, int64_t{4097}}) {
       for (bool deterministic : {false, true}) {
-        const MhaBackwardWorkspace w = mha_backward_workspace(3, total_q, 5, d_qk, 300, deterministic);
+        const MhaBackwardWorkspace w = mha_backward_workspace(3, total_q, 5, d_qk, d_qk, 300, deterministic);
         SCOPED_TRACE(::testing::Message() << "d_qk " << d_qk << " total_q " << total_q << " det " << deterministic);
         EXPECT_EQ(w.row_dot_offset % kMhaBackwardAlignment, 0);
         EXPECT_EQ(w.counters_offset % kMhaBackwardAlignment, 0);
         EXPECT_EQ(w.bytes % kMhaBackwardAlignment, 0);
         EXPECT_GE(w.row_dot_offset, total_q * 5 * d_qk * 4);
+        EXPECT_EQ(w.dq_slots, d_qk == 128 ? mha_backward_dq_slots(3, total_q, d_qk) : 0);
+        EXPECT_GE(w.row_dot_offset, mha_backward_dq_block(w.dq_slots, 0, 5, d_qk) * 4);
         EXPECT_GE(w.counters_offset - w.row_dot_offset, total_q * 5 * 4);
         EXPECT_EQ(w.counters, deterministic ? 3 * 5 * mha_backward_query_tiles(300, d_qk) : 0);
         EXPECT_GE(w.bytes - w.counters_offset, w.counters * 4);

@@ -2,7 +2,8 @@
 // (mha_backward_kernel.cuh): one warp per (query row, query head) of the rows inside a
 // sequence, [0, cu_seqlens_q[b]), read on the device.
 //   preprocess:  row_dot[h][t] = sum_d dout[t, h, d] * out[t, h, d] (float32), dq_accum[t, h, :]
-//                = 0, and every deterministic counter = 0;
+//                = 0 (unless the Hopper kernel's slots hold it: dq_tiled), and every
+//                deterministic counter = 0;
 //   postprocess: dq[t, h, :] = dq_accum[t, h, :] * softmax_scale in q's dtype.
 // Memory-bound and small beside the main kernel (it reads each row once).
 #include <cuda_bf16.h>
@@ -61,6 +62,7 @@ __global__ void __launch_bounds__(kThreads) mha_backward_preprocess_kernel(const
     }
     sum = warp_sum(sum);
     if (lane == 0) p.row_dot[h * p.total_q + t] = sum;
+    if (p.dq_tiled) return;
     auto* acc = reinterpret_cast<float4*>(p.dq_accum + r * p.d_qk);
     for (int i = lane; i < p.d_qk / 4; i += 32) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   });

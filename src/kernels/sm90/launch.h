@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "common/mha_backward_tiling.h"
 #include "kernels/mha_backward_params.h"
 #include "kernels/mha_prefill_params.h"
 #include "kernels/mla_params.h"
@@ -114,7 +115,7 @@ cudaError_t launch_mha_prefill_sm90(const MhaPrefillParams& params, const MhaPre
 // Problems the Hopper backward serves (the portable kernel serves every one): d 128, grids
 // within CUDA's y / z limits.
 constexpr bool mha_sm90_backward_supported(int d_qk, int d_v, int h_kv, int b) {
-  return d_qk == 128 && d_v == 128 && h_kv <= 65535 && b <= 65535;
+  return mha_backward_hopper_dims(d_qk, d_v) && h_kv <= 65535 && b <= 65535;
 }
 inline constexpr int kMhaBackwardSm90KeyRows = 128;  // keys per CTA (its K / V maps' boxes)
 
@@ -127,10 +128,14 @@ struct MhaBackwardMaps {
 bool make_mha_backward_maps(const MhaBackwardParams& params, bool bf16, MhaBackwardMaps* maps, std::string* why);
 
 // Grid (128-key tiles of max_seqlen_k, h_kv, b); one producer warp and two consumer
-// warpgroups of 64 keys each. Elem: __nv_bfloat16 or __half. The portable row kernels run
-// before (D, dq_accum zeroed) and after (dq converted).
+// warpgroups of 64 keys each. Elem: __nv_bfloat16 or __half. Its dq_accum is in query-tile
+// slots (params.dq_tiled): launch_mha_backward_sm90_dq_zero before it (with the portable row
+// kernel for D), launch_mha_backward_sm90_dq_convert after it (dq in q's dtype).
 template <typename Elem>
 cudaError_t launch_mha_backward_sm90(const MhaBackwardParams& params, const MhaBackwardMaps& maps,
                                      cudaStream_t stream);
+cudaError_t launch_mha_backward_sm90_dq_zero(const MhaBackwardParams& params, cudaStream_t stream);
+template <typename Elem>
+cudaError_t launch_mha_backward_sm90_dq_convert(const MhaBackwardParams& params, cudaStream_t stream);
 
 }  // namespace mlakit::detail

@@ -45,16 +45,16 @@ struct Config {
   static constexpr uint32_t kDoBytes = kVSlabs * kQSlabBytes;
   // dS [query][key] for dQ = dS K (the SS product's A, K-major): one 64-key slab per consumer.
   static constexpr int kDsSlabBytes = kBlockM * dev::kSwizzleRowBytes;
-  // dQ staging per consumer: its kBlockM x 64 float32 columns, rows padded by 16 bytes (the
-  // accumulators' 8-byte stores of 8 rows fall in distinct bank groups); each row is one bulk
-  // reduction into dq_accum.
+  // dQ staging per consumer: its kBlockM x 64 float32 accumulator in fragment order, as its
+  // part of the tile's dq_accum slot (common/mha_backward_tiling.h): one bulk reduction adds it.
   static constexpr int kDqCols = kDqk / kConsumers;
-  static constexpr int kDqRowBytes = kDqCols * 4 + 16;
-  static constexpr int kDqStageBytes = kBlockM * kDqRowBytes;
+  static constexpr int kDqStageBytes = kBlockM * kDqCols * 4;
 
   static_assert(kDqk == 128 && kDv == 128, "this kernel serves d 128 (the portable one the rest)");
   static_assert(kBlockM == 64, "one m64 wgmma of dQ per query tile");
   static_assert(kDqCols == kSlabCols, "each consumer's dQ columns are one K slab (the product's B)");
+  static_assert(kDqCols == kMhaBackwardDqPartCols && kBlockM == mha_backward_query_rows(kDqk),
+                "a consumer's dQ is one part of a dq_accum slot");
 };
 
 template <class C>

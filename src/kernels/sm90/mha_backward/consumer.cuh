@@ -6,7 +6,7 @@
 //   dV  += P^T dO,  dK += dS^T Q                 (RS, m64 n d, from registers)
 //   dS  -> shared memory as [query][key]          (both consumers; barrier)
 //   dQ   = dS K, this consumer's 64 columns      (SS, m64 n64, all 128 keys)
-//   dQ  -> staging -> bulk reductions into dq_accum (float32, one 256-byte row each)
+//   dQ  -> staging -> one bulk reduction into the tile's dq_accum slot (float32)
 // Fragments (device/sm90/wgmma_fragment.cuh): accumulator register i of thread t is in row
 // acc_row(t, i) (a key of S^T, a query of dQ) and column acc_col(t, i).
 #pragma once
@@ -52,7 +52,7 @@ class Consumer {
 #pragma unroll 1
     for (int it = 0; it < w_.tiles; ++it) tile(it, dk, dv);
     if (w_.tiles > 0) add_dq(w_.tiles - 1);
-    if (adder_row() >= 0) device::bulk_wait_all();  // this thread's dQ reductions are done
+    if (t_ == 0) device::bulk_wait_all();  // this thread's dQ reductions are done
     store_key_gradients(dk, dv);
   }
 
@@ -240,12 +240,13 @@ class Consumer {
     dev::wgmma_commit();
   }
 
-  // dQ of the tile's rows inside the sequence, added into dq_accum: staged as float32 rows
-  // (the previous tile's reductions must have read the staging first), then thread r < 64
-  // adds row r with one bulk reduction. Deterministic mode: the key tiles add into a query
-  // tile's rows from the last one that sees it down to 0, ordered by the tile's counter (the
-  // portable kernel's protocol): thread 0 of consumer 0 waits for this key tile's turn, both
-  // consumers add, their adds are made (not only issued), and the same thread advances it.
+  // dQ of the tile, added into its dq_accum slot (common/mha_backward_tiling.h): staged in
+  // fragment order at the end of the tile (the previous add must have read the staging first),
+  // then added by thread 0 with one bulk reduction of 16 KiB. Deterministic mode: the key tiles
+  // add into a query tile's slot from the last one that sees it down to 0, ordered by the
+  // tile's counter (the portable kernel's protocol): thread 0 of consumer 0 waits for this key
+  // tile's turn, both consumers add, their adds are made (not only issued), and the same thread
+  // advances it.
   __device__ void add_dq(int it) {
     const int head = tile_head<C>(p_, w_, it), row0 = tile_row0<C>(w_, it);
     int32_t* counter = nullptr;
@@ -259,9 +260,9 @@ class Consumer {
       __syncwarp();  // warp 0 whole again before the barrier (bar.sync counts whole warps)
       dev::named_barrier_sync(kTurnBarrier, kBothThreads);
     }
-    issue_dq_adds(head, row0);
+    if (t_ == 0) issue_dq_add(head, row0);
     if (p_.deterministic) {
-      if (adder_row() >= 0) device::bulk_wait_all();
+      if (t_ == 0) device::bulk_wait_all();
       dev::named_barrier_sync(kAddedBarrier, kBothThreads);
       if (g_ == 0 && t_ == 0) {
         __threadfence();
@@ -270,36 +271,24 @@ class Consumer {
     }
   }
 
+  // Register pair (i, i + 1) of thread t goes to float2 (i / 2) * 128 + t: each warp's store
+  // is 256 contiguous bytes (no bank conflict), and the staging is the slot part's layout.
   __device__ void stage_dq(const float (&dq)[kQRegs]) {
-    uint8_t* staging = &sm_.dq[g_][0];
-    if (adder_row() >= 0) device::bulk_wait_reads();
+    auto* staging = reinterpret_cast<float2*>(&sm_.dq[g_][0]);
+    if (t_ == 0) device::bulk_wait_reads();
     dev::named_barrier_sync(kStagingBarrier + g_, dev::kWarpgroupThreads);
 #pragma unroll
-    for (int i = 0; i < kQRegs; i += 2) {
-      const int row = dev::acc_row(t_, i), col = dev::acc_col(lane_, i);
-      *reinterpret_cast<float2*>(staging + row * C::kDqRowBytes + col * 4) = make_float2(dq[i], dq[i + 1]);
-    }
+    for (int i = 0; i < kQRegs; i += 2) staging[(i / 2) * dev::kWarpgroupThreads + t_] = make_float2(dq[i], dq[i + 1]);
     device::fence_proxy_async_shared();
     dev::named_barrier_sync(kStagingBarrier + g_, dev::kWarpgroupThreads);
   }
 
-  __device__ void issue_dq_adds(int head, int row0) {
-    const uint8_t* staging = &sm_.dq[g_][0];
-    const int row = adder_row();
-    if (row >= 0 && row0 + row < w_.q_rows) {
-      const int64_t token = int64_t{w_.q_begin} + row0 + row;
-      float* dst = p_.dq_accum + (token * p_.h_q + head) * C::kDqk + g_ * C::kDqCols;
-      device::bulk_reduce_add_f32(dst, dev::smem_u32(staging + row * C::kDqRowBytes), C::kDqCols * 4);
-      device::bulk_commit_group();
-    }
-  }
-
-  // The staging row this thread adds (lanes 0..15 of each warp: a bulk reduction takes its
-  // addresses from uniform registers, so a warp issues its lanes' reductions one after another,
-  // and four warps of 16 take half as long as two of 32), or -1.
-  __device__ int adder_row() const {
-    constexpr int kRowsPerWarp = C::kBlockM / (dev::kWarpgroupThreads / dev::kWarpSize);
-    return lane_ < kRowsPerWarp ? (t_ / dev::kWarpSize) * kRowsPerWarp + lane_ : -1;
+  __device__ void issue_dq_add(int head, int row0) {
+    const int64_t slot = mha_backward_dq_slot(w_.q_begin, w_.batch, row0 / C::kBlockM, C::kDqk);
+    if (slot < 0 || slot >= p_.dq_slots) return;  // only with prefix sums past the data rules
+    float* dst = p_.dq_accum + mha_backward_dq_block(slot, head, p_.h_q, C::kDqk) + g_ * C::kBlockM * C::kDqCols;
+    device::bulk_reduce_add_f32(dst, dev::smem_u32(&sm_.dq[g_][0]), C::kDqStageBytes);
+    device::bulk_commit_group();
   }
 
   // dK (times softmax_scale) and dV of this consumer's keys inside the sequence, in q's dtype,

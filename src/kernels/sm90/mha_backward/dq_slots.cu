@@ -1,0 +1,84 @@
+// The Hopper MHA backward's dq_accum in query-tile slots (common/mha_backward_tiling.h): zeroed
+// before the main kernel, converted into dq after it.
+//   convert: dq[t, h, :] = dq_accum[slot of t's tile][h] (fragment order) * softmax_scale, in
+//            q's dtype, for the rows inside a sequence.
+// Memory-bound and small beside the main kernel (each slot is read once).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/mha_backward_tiling.h"
+#include "device/numeric.cuh"
+#include "device/sm90/wgmma_fragment.cuh"
+#include "kernels/sm90/launch.h"
+
+namespace mlakit::detail {
+namespace {
+
+namespace dev = mlakit::device::sm90;
+
+constexpr int kRows = 64;                       // query rows per slot at d 128
+constexpr int kPartCols = kMhaBackwardDqPartCols;
+constexpr int kThreads = 2 * dev::kWarpgroupThreads;  // one warpgroup's fragment per 64-column part
+constexpr int64_t kMaxBlocksX = 65535;          // the rest is walked by the blocks
+
+// Grid (tiles of max_seqlen_q x h_q, walked; b). Block: thread t of part g = t / 128 reads its
+// fragment's float2 pairs as the main kernel's consumer g staged them (coalesced) and writes
+// them to their rows.
+template <typename Elem>
+__global__ void __launch_bounds__(kThreads) mha_backward_sm90_dq_convert_kernel(const __grid_constant__ MhaBackwardParams p) {
+  using Ops = device::ElemOps<Elem>;
+  const int sequence = static_cast<int>(blockIdx.y);
+  const int64_t first = p.cu_seqlens_q[sequence];
+  // Rows clipped to the tensor, as the main kernel's walk does (a prefix sum past it breaks
+  // the data rules and must not send a read or write outside the buffers).
+  const int64_t rows = std::min<int64_t>(p.cu_seqlens_q[sequence + 1] - first, p.total_q - first);
+  if (first < 0 || rows <= 0) return;
+  const int part = static_cast<int>(threadIdx.x) / dev::kWarpgroupThreads;
+  const int t = static_cast<int>(threadIdx.x) % dev::kWarpgroupThreads;
+  const int64_t tiles = (rows + kRows - 1) / kRows;
+  for (int64_t work = blockIdx.x; work < tiles * p.h_q; work += gridDim.x) {
+    const int64_t tile = work / p.h_q;
+    const int head = static_cast<int>(work % p.h_q);
+    const int64_t slot = mha_backward_dq_slot(first, sequence, tile, p.d_qk);
+    if (slot >= p.dq_slots) return;  // only with prefix sums past the data rules
+    const auto* acc = reinterpret_cast<const float2*>(p.dq_accum + mha_backward_dq_block(slot, head, p.h_q, p.d_qk) +
+                                                      part * kRows * kPartCols);
+#pragma unroll
+    for (int i = 0; i < kPartCols / 2; i += 2) {
+      const int64_t row = tile * kRows + dev::acc_row(t, i);
+      const float2 x = acc[(i / 2) * dev::kWarpgroupThreads + t];
+      if (row < rows) {
+        Elem* dq = static_cast<Elem*>(p.dq) + (first + row) * p.dq_stride_t + head * p.dq_stride_h;
+        *reinterpret_cast<uint32_t*>(dq + part * kPartCols + dev::acc_col(t, i)) =
+            Ops::pack(x.x * p.softmax_scale, x.y * p.softmax_scale);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_mha_backward_sm90_dq_zero(const MhaBackwardParams& p, cudaStream_t stream) {
+  const int64_t floats = mha_backward_dq_block(p.dq_slots, 0, p.h_q, p.d_qk);
+  if (floats == 0) return cudaSuccess;
+  return cudaMemsetAsync(p.dq_accum, 0, static_cast<size_t>(floats) * sizeof(float), stream);
+}
+
+template <typename Elem>
+cudaError_t launch_mha_backward_sm90_dq_convert(const MhaBackwardParams& p, cudaStream_t stream) {
+  if (p.dq_slots == 0 || p.h_q == 0 || p.b == 0) return cudaSuccess;  // no dq row
+  static_assert(kRows == mha_backward_query_rows(128), "the slots' rows at the kernel's head dims");
+  const int64_t work = p.query_tiles * p.h_q;
+  const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(work, 1, kMaxBlocksX)), static_cast<unsigned>(p.b));
+  mha_backward_sm90_dq_convert_kernel<Elem><<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template cudaError_t launch_mha_backward_sm90_dq_convert<__nv_bfloat16>(const MhaBackwardParams&, cudaStream_t);
+template cudaError_t launch_mha_backward_sm90_dq_convert<__half>(const MhaBackwardParams&, cudaStream_t);
+
+}  // namespace mlakit::detail
