@@ -114,10 +114,11 @@ struct MhaPrefillBackwardArgs {
 };
 
 // On the GPU: mha_prefill_backward_workspace_size, allocate that many bytes of device memory
-// (it holds dq's float32 accumulator [total_q, h_q, d_qk], D = rowsum(dout * out) [h_q,
-// total_q], and in the deterministic mode one ordering counter per (sequence, query head,
-// query tile)), then mha_prefill_backward per call. The size depends on the shapes and
-// the options only (total_q, h_q, d_qk, b, max_seqlen_q, deterministic), not on the lengths.
+// (it holds dq's float32 accumulator: [total_q, h_q, d_qk], at d 128 as many 64-row query
+// tiles as total_q / 64 + b for the Hopper kernel; D = rowsum(dout * out) [h_q, total_q]; and
+// in the deterministic mode one ordering counter per (sequence, query head, query tile)),
+// then mha_prefill_backward per call. The size depends on the shapes and the options only
+// (total_q, h_q, d_qk, d_v, b, max_seqlen_q, deterministic), not on the lengths.
 // Asynchronous on `stream`, allocates nothing, synchronises nothing on the host,
 // graph-capturable; the prefix sums are read on the device only. Rows of every tensor 4-byte
 // aligned as the forward's. Data rules as the forward's: a length above max_seqlen_q /
