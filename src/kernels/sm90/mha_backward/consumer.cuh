@@ -51,7 +51,10 @@ class Consumer {
     if (w_.tiles > 0) dev::mbarrier_wait(&sm_.kv_full, 0);
 #pragma unroll 1
     for (int it = 0; it < w_.tiles; ++it) tile(it, dk, dv);
-    if (w_.tiles > 0) add_dq(w_.tiles - 1);
+    if (w_.tiles > 0) {
+      add_dq(w_.tiles - 1);
+      if (p_.deterministic) release_after_add(w_.tiles - 1);
+    }
     if (t_ == 0) device::bulk_wait_all();  // this thread's dQ reductions are done
     store_key_gradients(dk, dv);
   }
@@ -67,7 +70,8 @@ class Consumer {
   // staging free / written.
   static constexpr uint32_t kDsBarrier = 1;
   static constexpr uint32_t kStagingBarrier = 2;  // + g
-  // Deterministic mode: the query tile's turn reached / both consumers' adds made.
+  // Deterministic mode: the query tile's turn reached (and the previous tile's adds made) / the
+  // last tile's adds made.
   static constexpr uint32_t kTurnBarrier = 4;
   static constexpr uint32_t kAddedBarrier = 5;
   static constexpr uint32_t kBothThreads = C::kConsumers * dev::kWarpgroupThreads;
@@ -242,33 +246,48 @@ class Consumer {
 
   // dQ of the tile, added into its dq_accum slot (common/mha_backward_tiling.h): staged in
   // fragment order at the end of the tile (the previous add must have read the staging first),
-  // then added by thread 0 with one bulk reduction of 16 KiB. Deterministic mode: the key tiles
-  // add into a query tile's slot from the last one that sees it down to 0, ordered by the
-  // tile's counter (the portable kernel's protocol): thread 0 of consumer 0 waits for this key
-  // tile's turn, both consumers add, their adds are made (not only issued), and the same thread
-  // advances it.
+  // then added by thread 0 with one bulk reduction of 16 KiB.
+  // Deterministic mode: the key tiles add into a query tile's slot from the last one that sees
+  // it down to 0, ordered by the tile's counter (the portable kernel's protocol): thread 0 of
+  // consumer 0 waits for this key tile's turn, then both consumers add. The counter advances
+  // one tile later, here (or in release_after_add after the walk): each consumer's thread 0
+  // waits for its previous add to be made (by then it is: a tile's products ran under it), the
+  // consumers meet (that barrier also passes the turn), and thread 0 of consumer 0 releases
+  // the previous tile. So neither the add's completion nor the release is on the consumers'
+  // path.
   __device__ void add_dq(int it) {
-    const int head = tile_head<C>(p_, w_, it), row0 = tile_row0<C>(w_, it);
-    int32_t* counter = nullptr;
-    int32_t turn = 0;
     if (p_.deterministic) {
-      counter = p_.counters + (static_cast<int64_t>(w_.batch) * p_.h_q + head) * p_.query_tiles + row0 / C::kBlockM;
-      turn = last_key_tile<C>(p_, w_, row0) - w_.key_tile;
-    }
-    if (p_.deterministic) {
+      if (t_ == 0) device::bulk_wait_all();  // this consumer's add of tile it - 1 made
+      int32_t turn = 0;
+      int32_t* counter = turn_counter(it, &turn);
       if (g_ == 0 && t_ == 0) device::wait_until_equal(counter, turn);
       __syncwarp();  // warp 0 whole again before the barrier (bar.sync counts whole warps)
       dev::named_barrier_sync(kTurnBarrier, kBothThreads);
+      if (it > 0 && g_ == 0 && t_ == 0) release(it - 1);
     }
-    if (t_ == 0) issue_dq_add(head, row0);
-    if (p_.deterministic) {
-      if (t_ == 0) device::bulk_wait_all();
-      dev::named_barrier_sync(kAddedBarrier, kBothThreads);
-      if (g_ == 0 && t_ == 0) {
-        __threadfence();
-        device::store_release_gpu(counter, turn + 1);
-      }
-    }
+    if (t_ == 0) issue_dq_add(tile_head<C>(p_, w_, it), tile_row0<C>(w_, it));
+  }
+
+  // After the walk, deterministic mode: the last tile's adds made, its counter advanced.
+  __device__ void release_after_add(int it) {
+    if (t_ == 0) device::bulk_wait_all();
+    dev::named_barrier_sync(kAddedBarrier, kBothThreads);
+    if (g_ == 0 && t_ == 0) release(it);
+  }
+
+  // Tile it's counter and the value that is this key tile's turn.
+  __device__ int32_t* turn_counter(int it, int32_t* turn) const {
+    const int head = tile_head<C>(p_, w_, it), row0 = tile_row0<C>(w_, it);
+    *turn = last_key_tile<C>(p_, w_, row0) - w_.key_tile;
+    return p_.counters + (static_cast<int64_t>(w_.batch) * p_.h_q + head) * p_.query_tiles + row0 / C::kBlockM;
+  }
+
+  // Both consumers' adds of tile it are made (a barrier since their waits): pass the turn on.
+  __device__ void release(int it) const {
+    int32_t turn = 0;
+    int32_t* counter = turn_counter(it, &turn);
+    __threadfence();
+    device::store_release_gpu(counter, turn + 1);
   }
 
   // Register pair (i, i + 1) of thread t goes to float2 (i / 2) * 128 + t: each warp's store
