@@ -1,6 +1,7 @@
-// The CTA shape the Hopper MHA kernels share: a producer warpgroup (only its first warp
-// works: TMA copies) and consumer warpgroups (wgmma). The producer gives its registers back
-// with setmaxnreg and the consumers take them; the launch opts into the shared memory first.
+// The CTA shape the Hopper MHA kernels share: a producer warpgroup (its first warp or warps
+// work: TMA copies, the backward's dQ writer) and consumer warpgroups (wgmma). The producer
+// gives its registers back with setmaxnreg and the consumers take them; the launch opts into
+// the shared memory first.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,15 +24,22 @@ struct WarpRoles {
                 "setmaxnreg: the consumers' registers come from the producer's");
 };
 
-// Runs produce(lane) on the producer warp and consume(consumer, thread in its warpgroup) on
-// the consumer warpgroups, each after its register change. The producer warpgroup's other
-// three warps return at once.
-template <int kProducerRegs, int kConsumerRegs, class Produce, class Consume>
+// Runs produce(warp, lane) on the first kProducerWarps warps of the producer warpgroup (its
+// other warps return at once) and consume(consumer, thread in its warpgroup) on the consumer
+// warpgroups, each after its register change.
+template <int kProducerRegs, int kConsumerRegs, int kProducerWarps, class Produce, class Consume>
 __device__ __forceinline__ void run_warp_roles(Produce&& produce, Consume&& consume) {
+  static_assert(kProducerWarps >= 1 && kProducerWarps <= dev::kWarpsPerWarpgroup, "warps of the producer warpgroup");
   const int warpgroup = static_cast<int>(threadIdx.x) / dev::kWarpgroupThreads;
   if (warpgroup == 0) {
     dev::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x < dev::kWarpSize) produce(static_cast<int>(threadIdx.x));
+    if (threadIdx.x < kProducerWarps * dev::kWarpSize) {
+      if constexpr (kProducerWarps == 1) {
+        produce(0, static_cast<int>(threadIdx.x));  // warp 0: the lane is the thread (the compiler does not fold % 32)
+      } else {
+        produce(static_cast<int>(threadIdx.x) / dev::kWarpSize, static_cast<int>(threadIdx.x) % dev::kWarpSize);
+      }
+    }
   } else {
     dev::setmaxnreg_inc<kConsumerRegs>();
     consume(warpgroup - 1, static_cast<int>(threadIdx.x) % dev::kWarpgroupThreads);

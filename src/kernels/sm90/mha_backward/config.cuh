@@ -74,6 +74,8 @@ struct Smem {
   uint64_t q_full[C::kStages];      // Q, dO, lse2, D of a query tile in place (rows past the sequence zeroed)
   uint64_t q_empty[C::kStages][C::kConsumers];  // every thread of consumer g is done with them
   uint64_t q_landed;                // the producer's own wait before zeroing (a partial tile)
+  uint64_t dq_full;                 // both consumers' dQ of the tile staged (every thread of both)
+  uint64_t dq_empty;                // the writer's add has read the staging (the writer's lane 0)
 };
 
 template <class C>
@@ -88,6 +90,13 @@ inline constexpr uint32_t kFullArrivals = dev::kWarpSize;
 template <class C>
 inline constexpr uint32_t kEmptyArrivals = dev::kWarpgroupThreads;
 
+// The dQ staging, by the same rule: every consumer thread arrives on dq_full after its stores;
+// the writer's one issuing lane on dq_empty after its add has read them.
+template <class C>
+inline constexpr uint32_t kStagedArrivals = C::kConsumers * dev::kWarpgroupThreads;
+template <class C>
+inline constexpr uint32_t kAddReadArrivals = 1;
+
 template <class C>
 __device__ __forceinline__ Smem<C>& setup_shared_memory(uint8_t* raw) {
   const uint32_t misalignment = dev::smem_u32(raw) & 1023u;
@@ -100,6 +109,8 @@ __device__ __forceinline__ Smem<C>& setup_shared_memory(uint8_t* raw) {
       dev::mbarrier_init(&sm.q_full[s], kFullArrivals<C>);
       for (int g = 0; g < C::kConsumers; ++g) dev::mbarrier_init(&sm.q_empty[s][g], kEmptyArrivals<C>);
     }
+    dev::mbarrier_init(&sm.dq_full, kStagedArrivals<C>);
+    dev::mbarrier_init(&sm.dq_empty, kAddReadArrivals<C>);
     dev::fence_mbarrier_init();
   }
   __syncthreads();

@@ -6,7 +6,7 @@
 //   dV  += P^T dO,  dK += dS^T Q                 (RS, m64 n d, from registers)
 //   dS  -> shared memory as [query][key]          (both consumers; barrier)
 //   dQ   = dS K, this consumer's 64 columns      (SS, m64 n64, all 128 keys)
-//   dQ  -> staging -> one bulk reduction into the tile's dq_accum slot (float32)
+//   dQ  -> staging -> the writer's bulk reduction into the tile's dq_accum slot (float32)
 // Fragments (device/sm90/wgmma_fragment.cuh): accumulator register i of thread t is in row
 // acc_row(t, i) (a key of S^T, a query of dQ) and column acc_col(t, i).
 #pragma once
@@ -51,11 +51,6 @@ class Consumer {
     if (w_.tiles > 0) dev::mbarrier_wait(&sm_.kv_full, 0);
 #pragma unroll 1
     for (int it = 0; it < w_.tiles; ++it) tile(it, dk, dv);
-    if (w_.tiles > 0) {
-      add_dq(w_.tiles - 1);
-      if (p_.deterministic) release_after_add(w_.tiles - 1);
-    }
-    if (t_ == 0) device::bulk_wait_all();  // this thread's dQ reductions are done
     store_key_gradients(dk, dv);
   }
 
@@ -66,25 +61,17 @@ class Consumer {
   using MmaQ = dev::Wgmma<C::kDqCols, Elem>;   // dQ
   using Ops = device::ElemOps<Elem>;
 
-  // Named barriers (0 is __syncthreads'): both consumers' dS written; each consumer's dQ
-  // staging free / written.
+  // Named barrier (0 is __syncthreads'): both consumers' dS written.
   static constexpr uint32_t kDsBarrier = 1;
-  static constexpr uint32_t kStagingBarrier = 2;  // + g
-  // Deterministic mode: the query tile's turn reached (and the previous tile's adds made) / the
-  // last tile's adds made.
-  static constexpr uint32_t kTurnBarrier = 4;
-  static constexpr uint32_t kAddedBarrier = 5;
   static constexpr uint32_t kBothThreads = C::kConsumers * dev::kWarpgroupThreads;
 
-  // One query tile. The previous tile's dQ, staged in shared memory, is added while this
-  // tile's S^T and dP^T run on the tensor cores; this tile's dQ is staged at the end.
+  // One query tile; its dQ is staged at the end, for the writer to add (dq_writer.cuh).
   __device__ void tile(int it, float (&dk)[kKRegs], float (&dv)[kVRegs]) {
     const int stage = it % C::kStages;
     dev::mbarrier_wait(&sm_.q_full[stage], (it / C::kStages) & 1);
 
     float s[kSRegs], dp[kSRegs];
     scores(s, dp, stage);
-    if (it > 0) add_dq(it - 1);
     dev::wgmma_wait<1>();  // S^T done; dP^T may still run while P^T is computed
     dev::fence_registers(s);
     probabilities(s, stage, tile_row0<C>(w_, it));
@@ -105,7 +92,7 @@ class Consumer {
     dev::fence_registers(pfrag);
     dev::fence_registers(dsfrag);
     dev::mbarrier_arrive(&sm_.q_empty[stage][g_]);  // this thread's reads of Q, dO, lse2, D of the stage done
-    stage_dq(dq);
+    stage_dq(dq, it);
   }
 
   // Issues S^T = K Q^T and dP^T = V dO^T of this consumer's 64 keys (SS, both operands
@@ -244,70 +231,17 @@ class Consumer {
     dev::wgmma_commit();
   }
 
-  // dQ of the tile, added into its dq_accum slot (common/mha_backward_tiling.h): staged in
-  // fragment order at the end of the tile (the previous add must have read the staging first),
-  // then added by thread 0 with one bulk reduction of 16 KiB.
-  // Deterministic mode: the key tiles add into a query tile's slot from the last one that sees
-  // it down to 0, ordered by the tile's counter (the portable kernel's protocol): thread 0 of
-  // consumer 0 waits for this key tile's turn, then both consumers add. The counter advances
-  // one tile later, here (or in release_after_add after the walk): each consumer's thread 0
-  // waits for its previous add to be made (by then it is: a tile's products ran under it), the
-  // consumers meet (that barrier also passes the turn), and thread 0 of consumer 0 releases
-  // the previous tile. So neither the add's completion nor the release is on the consumers'
-  // path.
-  __device__ void add_dq(int it) {
-    if (p_.deterministic) {
-      if (t_ == 0) device::bulk_wait_all();  // this consumer's add of tile it - 1 made
-      int32_t turn = 0;
-      int32_t* counter = turn_counter(it, &turn);
-      if (g_ == 0 && t_ == 0) device::wait_until_equal(counter, turn);
-      __syncwarp();  // warp 0 whole again before the barrier (bar.sync counts whole warps)
-      dev::named_barrier_sync(kTurnBarrier, kBothThreads);
-      if (it > 0 && g_ == 0 && t_ == 0) release(it - 1);
-    }
-    if (t_ == 0) issue_dq_add(tile_head<C>(p_, w_, it), tile_row0<C>(w_, it));
-  }
-
-  // After the walk, deterministic mode: the last tile's adds made, its counter advanced.
-  __device__ void release_after_add(int it) {
-    if (t_ == 0) device::bulk_wait_all();
-    dev::named_barrier_sync(kAddedBarrier, kBothThreads);
-    if (g_ == 0 && t_ == 0) release(it);
-  }
-
-  // Tile it's counter and the value that is this key tile's turn.
-  __device__ int32_t* turn_counter(int it, int32_t* turn) const {
-    const int head = tile_head<C>(p_, w_, it), row0 = tile_row0<C>(w_, it);
-    *turn = last_key_tile<C>(p_, w_, row0) - w_.key_tile;
-    return p_.counters + (static_cast<int64_t>(w_.batch) * p_.h_q + head) * p_.query_tiles + row0 / C::kBlockM;
-  }
-
-  // Both consumers' adds of tile it are made (a barrier since their waits): pass the turn on.
-  __device__ void release(int it) const {
-    int32_t turn = 0;
-    int32_t* counter = turn_counter(it, &turn);
-    __threadfence();
-    device::store_release_gpu(counter, turn + 1);
-  }
-
-  // Register pair (i, i + 1) of thread t goes to float2 (i / 2) * 128 + t: each warp's store
-  // is 256 contiguous bytes (no bank conflict), and the staging is the slot part's layout.
-  __device__ void stage_dq(const float (&dq)[kQRegs]) {
+  // dQ of the tile, staged for the writer in fragment order as its part of the tile's dq_accum
+  // slot (common/mha_backward_tiling.h): register pair (i, i + 1) of thread t goes to float2
+  // (i / 2) * 128 + t of part g, so each warp's store is 256 contiguous bytes (no bank
+  // conflict). The writer's add of the previous tile must have read the staging first.
+  __device__ void stage_dq(const float (&dq)[kQRegs], int it) {
     auto* staging = reinterpret_cast<float2*>(&sm_.dq[g_][0]);
-    if (t_ == 0) device::bulk_wait_reads();
-    dev::named_barrier_sync(kStagingBarrier + g_, dev::kWarpgroupThreads);
+    if (it > 0) dev::mbarrier_wait(&sm_.dq_empty, (it - 1) & 1);
 #pragma unroll
     for (int i = 0; i < kQRegs; i += 2) staging[(i / 2) * dev::kWarpgroupThreads + t_] = make_float2(dq[i], dq[i + 1]);
-    device::fence_proxy_async_shared();
-    dev::named_barrier_sync(kStagingBarrier + g_, dev::kWarpgroupThreads);
-  }
-
-  __device__ void issue_dq_add(int head, int row0) {
-    const int64_t slot = mha_backward_dq_slot(w_.q_begin, w_.batch, row0 / C::kBlockM, C::kDqk);
-    if (slot < 0 || slot >= p_.dq_slots) return;  // only with prefix sums past the data rules
-    float* dst = p_.dq_accum + mha_backward_dq_block(slot, head, p_.h_q, C::kDqk) + g_ * C::kBlockM * C::kDqCols;
-    device::bulk_reduce_add_f32(dst, dev::smem_u32(&sm_.dq[g_][0]), C::kDqStageBytes);
-    device::bulk_commit_group();
+    device::fence_proxy_async_shared();  // read by the writer's bulk reduction (async proxy)
+    dev::mbarrier_arrive(&sm_.dq_full);
   }
 
   // dK (times softmax_scale) and dV of this consumer's keys inside the sequence, in q's dtype,

@@ -1,13 +1,14 @@
 // Hopper (sm_90a) MHA prefill backward, main kernel: 128 keys of one kv head of one sequence
 // per CTA against every query tile of every query head of the group that sees them
-// (docs/kernels/mha_backward_sm90.md). The row kernels before and after it (D, dq_accum
-// zeroed; dq converted) are the portable ones (portable/mha_backward_rows.cu).
+// (docs/kernels/mha_backward_sm90.md). Before it: dq_accum's slots zeroed (dq_slots.cu), D by
+// the portable row kernel; after it: dq from the slots (dq_slots.cu).
 //
-// Roles (384 threads, one CTA per SM): warpgroup 0 gives its registers back and its first
-// warp produces (producer.cuh: K, V once; Q, dO, lse, D per query tile through two stages);
-// warpgroups 1 and 2 consume 64 keys each (consumer.cuh). Barriers (config.cuh): kv_full,
-// q_full / q_empty per stage, kv_landed / q_landed (the producer's own waits before zeroing
-// rows past a sequence); named barriers between the consumers (consumer.cuh).
+// Roles (384 threads, one CTA per SM): warpgroup 0 gives its registers back; its first warp
+// produces (producer.cuh: K, V once; Q, dO, lse, D per query tile through two stages), lane 0
+// of its second adds each tile's staged dQ (dq_writer.cuh); warpgroups 1 and 2 consume 64
+// keys each (consumer.cuh). Barriers (config.cuh): kv_full, q_full / q_empty per stage,
+// kv_landed / q_landed (the producer's own waits before zeroing rows past a sequence),
+// dq_full / dq_empty (the dQ staging); named barriers between the consumers (consumer.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -16,6 +17,7 @@
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/mha_backward/config.cuh"
 #include "kernels/sm90/mha_backward/consumer.cuh"
+#include "kernels/sm90/mha_backward/dq_writer.cuh"
 #include "kernels/sm90/mha_backward/producer.cuh"
 #include "kernels/sm90/mha_backward/work.cuh"
 #include "kernels/sm90/warp_roles.cuh"
@@ -30,8 +32,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   if (!w.has_keys) return;  // uniform over the CTA: nobody waits on anybody yet
   extern __shared__ uint8_t smem_raw[];
   Smem<C>& sm = setup_shared_memory<C>(smem_raw);
-  sm90::run_warp_roles<C::kProducerRegs, C::kConsumerRegs>(
-      [&](int lane) { produce<C>(p, maps, w, sm, lane); },
+  sm90::run_warp_roles<C::kProducerRegs, C::kConsumerRegs, /*kProducerWarps=*/2>(
+      [&](int warp, int lane) {
+        if (warp == 0) {
+          produce<C>(p, maps, w, sm, lane);
+        } else if (lane == 0) {
+          write_dq<C>(p, w, sm);
+        }
+      },
       [&](int g, int t) { Consumer<C, Elem>(p, sm, w, g, t).run(); });
 #endif
 }

@@ -75,6 +75,9 @@ __device__ __forceinline__ void produce(const MhaBackwardParams& p, const MhaBac
   uint32_t landed_uses = 0;
 #pragma unroll 1
   for (int it = 0; it < w.tiles; ++it) {
+    // The warp together per tile: q_landed is the leader's alone, so a lane a whole copy behind
+    // it over two partial tiles could otherwise wait on a parity two phases old.
+    __syncwarp();
     const int stage = it % C::kStages;
     const uint32_t free_parity = ((it / C::kStages) & 1) ^ 1;  // a fresh barrier passes parity 1
     const int head = tile_head<C>(p, w, it), row0 = tile_row0<C>(w, it);

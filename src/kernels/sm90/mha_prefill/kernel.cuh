@@ -29,8 +29,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   if (!w.has_rows) return;  // uniform over the CTA: nobody waits on anybody yet
   extern __shared__ uint8_t smem_raw[];
   Smem<C>& sm = setup_shared_memory<C>(smem_raw);
-  sm90::run_warp_roles<C::kProducerRegs, C::kConsumerRegs>(
-      [&](int lane) {
+  sm90::run_warp_roles<C::kProducerRegs, C::kConsumerRegs, /*kProducerWarps=*/1>(
+      [&](int, int lane) {
         if (w.n_blocks > 0) produce<C>(maps, w, sm, lane);
       },
       [&](int g, int t) { Consumer<C, Elem>(p, sm, w, g, t).run(); });
