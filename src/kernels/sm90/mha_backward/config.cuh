@@ -29,8 +29,8 @@ struct Config {
   // Query rows per tile: the workspace's query tiles (the deterministic counters' unit).
   static constexpr int kBlockM = mha_backward_query_rows(kDqk);
   static constexpr int kStages = 2;  // Q / dO tiles
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
   static constexpr int kThreads = sm90::WarpRoles<kConsumers, kProducerRegs, kConsumerRegs>::kThreads;
 
   static constexpr int kSlabCols = dev::kSwizzleRowBytes / 2;  // 16-bit elements per slab row
