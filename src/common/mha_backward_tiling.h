@@ -117,12 +117,26 @@ MLAKIT_HD constexpr int64_t mha_backward_dq_block(int64_t slot, int64_t head, in
   return (slot * h_q + head) * mha_backward_query_rows(d_qk) * d_qk;
 }
 
+// Every sequence takes whole slots, so many short ones multiply the accumulator (b 8192
+// one-token sequences at h_q 32: 8 GiB of slots against 128 MiB of rows). The workspace holds
+// slots (and the Hopper kernel runs) only where they take at most twice the rows' floats or
+// 64 MiB; elsewhere the portable kernels run. The Hopper grid's b <= 65535 also bounds the
+// slots' size (no overflow: total_q * h_q * d_qk is addressable, b * h_q * 8192 floats < 2^62).
+inline constexpr int64_t kMhaBackwardDqSlotsAnyBytes = int64_t{64} << 20;
+MLAKIT_HD constexpr int64_t mha_backward_dq_slots_within_bounds(int64_t b, int64_t total_q, int h_q, int d_qk) {
+  if (b > 65535) return 0;
+  const int64_t slots = mha_backward_dq_slots(b, total_q, d_qk);
+  const int64_t slot_floats = mha_backward_dq_block(slots, 0, h_q, d_qk);
+  const bool fits = slot_floats <= 2 * total_q * h_q * d_qk || slot_floats * 4 <= kMhaBackwardDqSlotsAnyBytes;
+  return fits ? slots : 0;
+}
+
 struct MhaBackwardWorkspace {
   int64_t dq_accum_offset = 0;  // bytes from the workspace's start
   int64_t row_dot_offset = 0;
   int64_t counters_offset = 0;
   int64_t counters = 0;  // int32 counters (0 without the deterministic mode)
-  int64_t dq_slots = 0;  // query-tile slots of the Hopper kernel's dq_accum (0: not sized for it)
+  int64_t dq_slots = 0;  // query-tile slots of the Hopper kernel's dq_accum (0: not sized for it: no Hopper kernel)
   int64_t bytes = 0;     // total
 };
 
@@ -137,13 +151,13 @@ MLAKIT_HD constexpr int64_t mha_backward_query_tiles(int max_seqlen_q, int d_qk)
 }
 
 // The byte sizes cannot overflow: every extent was checked to fit its tensor (total_q * h_q *
-// d_qk elements addressable), and b, h_q, max_seqlen_q are ints.
+// d_qk elements addressable), b, h_q, max_seqlen_q are ints, and the slots are bounded above.
 MLAKIT_HD constexpr MhaBackwardWorkspace mha_backward_workspace(int64_t b, int64_t total_q, int h_q,
                                                                          int d_qk, int d_v, int max_seqlen_q,
                                                                          bool deterministic) {
   MhaBackwardWorkspace w;
   w.dq_accum_offset = 0;
-  w.dq_slots = mha_backward_hopper_dims(d_qk, d_v) ? mha_backward_dq_slots(b, total_q, d_qk) : 0;
+  w.dq_slots = mha_backward_hopper_dims(d_qk, d_v) ? mha_backward_dq_slots_within_bounds(b, total_q, h_q, d_qk) : 0;
   const int64_t row_floats = total_q * h_q * d_qk;
   const int64_t tile_floats = mha_backward_dq_block(w.dq_slots, 0, h_q, d_qk);
   w.row_dot_offset = mha_backward_align((row_floats > tile_floats ? row_floats : tile_floats) * 4);

@@ -14,8 +14,9 @@ __device__ __forceinline__ int32_t load_acquire_gpu(const int32_t* p) {
   return v;
 }
 
-// st.release.gpu.global.b32: the reads and writes before it (and, through the barrier that
-// precedes it, those of the whole CTA) are visible to a thread whose acquire load sees it.
+// st.release.gpu.global.b32: the reads and writes before it (and, through a barrier that
+// precedes it, those of the threads taking part) are visible to a thread whose acquire load
+// sees it.
 __device__ __forceinline__ void store_release_gpu(int32_t* p, int32_t v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }

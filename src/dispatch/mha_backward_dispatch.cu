@@ -83,13 +83,19 @@ Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefil
   MhaBackwardParams params = mha_backward_params(args, shape, softmax_scale, layout, bulk_dq, workspace);
   const bool bf16 = args.q.dtype == DType::kBF16;
   const bool required = args.kernel == MlaKernel::kSm90;
+  // The workspace holds the Hopper kernel's dQ slots only where they stay small beside the rows
+  // (common/mha_backward_tiling.h); without query rows it needs none.
+  const bool slots = layout.dq_slots > 0 || shape.total_q == 0;
   const bool served =
+      slots &&
       mha_sm90_backward_supported(shape.d_qk, shape.d_v, shape.h_kv, static_cast<int>(std::min<int64_t>(shape.b, 65536)));
   if (required && !served) {
     return Status(StatusCode::kUnsupported,
-                  std::string(kOp) + ": kernel: kSm90 serves d_qk = d_v = 128, h_kv and b up to 65535 (got d (" +
-                      std::to_string(shape.d_qk) + ", " + std::to_string(shape.d_v) + "), h_kv " +
-                      std::to_string(shape.h_kv) + ", b " + std::to_string(shape.b) + "): expected kAuto or kPortable");
+                  std::string(kOp) + ": kernel: kSm90 serves d_qk = d_v = 128, h_kv and b up to 65535, and batches " +
+                      "whose 64-row query tiles per sequence take at most twice the rows' dQ accumulator or 64 MiB " +
+                      "(got d (" + std::to_string(shape.d_qk) + ", " + std::to_string(shape.d_v) + "), h_kv " +
+                      std::to_string(shape.h_kv) + ", b " + std::to_string(shape.b) + ", total_q " +
+                      std::to_string(shape.total_q) + "): expected kAuto or kPortable");
   }
   // kAuto: the Hopper main kernel where it serves the problem and its TMA can read the layout
   // (16-byte rows of q, k, v, dout), the portable one otherwise.

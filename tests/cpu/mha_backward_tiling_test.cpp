@@ -57,6 +57,25 @@ TEST(MhaBackwardTiling, DqSlotsOfDifferentSequencesNeverMeet) {
   EXPECT_EQ(mha_backward_dq_slots(5, 0, 128), 0);  // no query row: no slot
 }
 
+// Many short sequences take whole slots each: the workspace holds slots (and the Hopper kernel
+// runs) only where they take at most twice the rows' floats or 64 MiB.
+TEST(MhaBackwardTiling, DqSlotsOnlyWhereTheyStaySmall) {
+  // The shapes: 260 slots of 64 rows for 16384 rows (1.6% more).
+  EXPECT_EQ(mha_backward_workspace(4, 16384, 32, 128, 128, 4096, false).dq_slots, 260);
+  // 8192 one-token sequences at h_q 32: 8320 slots (8.1 GiB) against 128 MiB of rows: none.
+  const MhaBackwardWorkspace many = mha_backward_workspace(8192, 8192, 32, 128, 128, 1, false);
+  EXPECT_EQ(many.dq_slots, 0);
+  EXPECT_EQ(many.row_dot_offset, int64_t{8192} * 32 * 128 * 4);  // the rows' accumulator alone
+  // Small problems keep their slots whatever the ratio (the stress test's shapes): 8 sequences
+  // of 3 rows, 4 heads.
+  EXPECT_EQ(mha_backward_workspace(8, 24, 4, 128, 128, 3, false).dq_slots, 24 / 64 + 8);
+  // Beyond the Hopper grid's b: none.
+  EXPECT_EQ(mha_backward_workspace(65536, 65536 * 64, 1, 128, 128, 64, false).dq_slots, 0);
+  // At the bound: twice the rows' floats exactly (64-row sequences; slots = total_q / 64 + b).
+  EXPECT_EQ(mha_backward_dq_slots_within_bounds(4096, 4096 * 64, 32, 128), 4096 + 4096);
+  EXPECT_EQ(mha_backward_dq_slots_within_bounds(4096, 4096 * 64 - 64, 32, 128), 0);
+}
+
 TEST(MhaBackwardTiling, PartsAreAlignedAndCountersOnlyInTheDeterministicMode) {
   for (int d_qk : {64, 128, 192, 256}) {
     for (int64_t total_q : {int64_t{0}, int64_t{1}, int64_t{33}, int64_t{4097}}) {

@@ -653,5 +653,35 @@ TEST(MhaPrefillBackwardValidation, EmptyProblems) {
   }
 }
 
+// Many short sequences: each would take a whole 64-row dQ slot of the Hopper kernel (here 4160
+// slots of 16 heads, 2.1 GB, against 32 MiB of rows), so the workspace holds rows only: kSm90
+// refuses, naming the argument and writing nothing; kAuto runs the portable kernels, correctly.
+TEST(MhaPrefillBackwardValidation, ManyShortSequencesRunWithoutTheHopperSlots) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  const std::vector<int> ones(4096, 1);
+  Spec spec = mha_backward_spec({ones, ones}, 16, 16, 128, 128, true);
+  spec.problem.seed = 71;
+  const HostMhaBackwardCase c = support::make_mha_backward_case(spec);
+  const MhaBackwardReference ref = support::run_mha_backward_reference(c);
+  if (is_hopper()) {
+    DeviceBackwardCase d(c, /*deterministic=*/false, MlaKernel::kSm90);
+    d.poison();
+    const Status s = d.launch();
+    MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+    EXPECT_TRUE(message_names_argument(s.message(), "kernel")) << s.message();
+    EXPECT_TRUE(all_poisoned(d)) << "a refused call wrote a gradient";
+  }
+  for (bool deterministic : {false, true}) {
+    DeviceBackwardCase d(c, deterministic, MlaKernel::kAuto);
+    d.poison();
+    const Status s = d.launch();
+    ASSERT_TRUE(s) << backward_mode_name(deterministic) << ": " << s.to_string();
+    MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+    const std::string bad = check_grads(c, ref, d.download());
+    EXPECT_TRUE(bad.empty()) << backward_mode_name(deterministic) << ": " << bad;
+  }
+}
+
 }  // namespace
 }  // namespace mlakit::testing

@@ -127,8 +127,8 @@ struct MhaBackwardMaps {
 };
 bool make_mha_backward_maps(const MhaBackwardParams& params, bool bf16, MhaBackwardMaps* maps, std::string* why);
 
-// Grid (128-key tiles of max_seqlen_k, h_kv, b); one producer warp and two consumer
-// warpgroups of 64 keys each. Elem: __nv_bfloat16 or __half. Its dq_accum is in query-tile
+// Grid (128-key tiles of max_seqlen_k, h_kv, b); a producer warp, a dQ writer lane and two
+// consumer warpgroups of 64 keys each. Elem: __nv_bfloat16 or __half. Its dq_accum is in query-tile
 // slots (params.dq_tiled): launch_mha_backward_sm90_dq_zero before it (with the portable row
 // kernel for D), launch_mha_backward_sm90_dq_convert after it (dq in q's dtype).
 template <typename Elem>

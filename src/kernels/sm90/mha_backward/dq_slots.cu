@@ -23,7 +23,7 @@ namespace dev = mlakit::device::sm90;
 constexpr int kRows = 64;                       // query rows per slot at d 128
 constexpr int kPartCols = kMhaBackwardDqPartCols;
 constexpr int kThreads = 2 * dev::kWarpgroupThreads;  // one warpgroup's fragment per 64-column part
-constexpr int64_t kMaxBlocksX = 65535;          // the rest is walked by the blocks
+constexpr int64_t kMaxBlocksX = 65535;          // blocks per sequence; the rest is walked by them
 
 // Grid (tiles of max_seqlen_q x h_q, walked; b). Block: thread t of part g = t / 128 reads its
 // fragment's float2 pairs as the main kernel's consumer g staged them (coalesced) and writes
