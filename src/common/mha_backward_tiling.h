@@ -150,6 +150,13 @@ MLAKIT_HD constexpr int64_t mha_backward_query_tiles(int max_seqlen_q, int d_qk)
   return (static_cast<int64_t>(max_seqlen_q) + mha_backward_query_rows(d_qk) - 1) / mha_backward_query_rows(d_qk);
 }
 
+// Index of the deterministic counter of (sequence, query head, query tile) among the
+// workspace's counters [b, h_q, query_tiles].
+MLAKIT_HD constexpr int64_t mha_backward_counter(int64_t sequence, int64_t head, int h_q, int64_t query_tiles,
+                                                 int64_t tile) {
+  return (sequence * h_q + head) * query_tiles + tile;
+}
+
 // The byte sizes cannot overflow: every extent was checked to fit its tensor (total_q * h_q *
 // d_qk elements addressable), b, h_q, max_seqlen_q are ints, and the slots are bounded above.
 MLAKIT_HD constexpr MhaBackwardWorkspace mha_backward_workspace(int64_t b, int64_t total_q, int h_q,

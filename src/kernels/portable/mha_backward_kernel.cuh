@@ -208,7 +208,7 @@ class BackwardCta {
     int32_t* counter = nullptr;
     int32_t turn = 0;  // key tiles that add into this query tile before this one
     if (p_.deterministic) {
-      counter = p_.counters + (static_cast<int64_t>(seq_) * p_.h_q + h) * p_.query_tiles + row0 / C::kRows;
+      counter = p_.counters + mha_backward_counter(seq_, h, p_.h_q, p_.query_tiles, row0 / C::kRows);
       turn = last_key_tile(row0) - key_tile_;
       if (tid_ == 0) device::wait_until_equal(counter, turn);
     }

@@ -15,7 +15,6 @@
 #include <cstdint>
 
 #include "device/async_proxy.cuh"
-#include "device/gpu_flag.cuh"
 #include "device/numeric.cuh"
 #include "device/sm90/matrix_store.cuh"
 #include "device/sm90/sync.cuh"

@@ -35,7 +35,8 @@ __global__ void __launch_bounds__(kThreads) mha_backward_sm90_dq_convert_kernel(
   const int64_t first = p.cu_seqlens_q[sequence];
   // Rows clipped to the tensor, as the main kernel's walk does (a prefix sum past it breaks
   // the data rules and must not send a read or write outside the buffers).
-  const int64_t rows = std::min<int64_t>(p.cu_seqlens_q[sequence + 1] - first, p.total_q - first);
+  const int64_t length = p.cu_seqlens_q[sequence + 1] - first;
+  const int64_t rows = length < p.total_q - first ? length : p.total_q - first;
   if (first < 0 || rows <= 0) return;
   const int part = static_cast<int>(threadIdx.x) / dev::kWarpgroupThreads;
   const int t = static_cast<int>(threadIdx.x) % dev::kWarpgroupThreads;

@@ -34,7 +34,7 @@ __device__ __forceinline__ void write_dq(const MhaBackwardParams& p, const Backw
     int32_t* counter = nullptr;
     int32_t turn = 0;
     if (p.deterministic) {
-      counter = p.counters + (static_cast<int64_t>(w.batch) * p.h_q + head) * p.query_tiles + row0 / C::kBlockM;
+      counter = p.counters + mha_backward_counter(w.batch, head, p.h_q, p.query_tiles, row0 / C::kBlockM);
       turn = last_key_tile<C>(p, w, row0) - w.key_tile;
       device::wait_until_equal(counter, turn);
     }
