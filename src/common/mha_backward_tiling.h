@@ -18,9 +18,10 @@
 
 namespace mlakit::detail {
 
-// Query rows per tile of the backward's main kernel: its register budget holds dK and dV of the
+// Query rows per tile of the portable main kernel: its register budget holds dK and dV of the
 // CTA's keys (d_qk + d_v columns) beside the scores of one query tile, so wider heads take
-// shorter query tiles.
+// shorter query tiles. Also the deterministic counters' unit: the Hopper kernel's tiles
+// (kMhaBackwardSm90QueryRows, never shorter) index the same counters, a prefix of each row.
 MLAKIT_HD constexpr int mha_backward_query_rows(int d_qk) { return d_qk <= 128 ? 64 : 32; }
 
 // The portable main kernel's tiling per head-dim pair (mha_backward_kernel.cuh explains it).
@@ -94,27 +95,38 @@ inline int mha_backward_smem_bytes(int d_qk, int d_v, bool bulk_dq) {
 }
 
 // Head dims the Hopper main kernel serves (src/kernels/sm90/launch.h adds the grid's limits).
-MLAKIT_HD constexpr bool mha_backward_hopper_dims(int d_qk, int d_v) { return d_qk == 128 && d_v == 128; }
+MLAKIT_HD constexpr bool mha_backward_hopper_dims(int d_qk, int d_v) {
+  return (d_qk == 128 || d_qk == 192) && d_v == 128;
+}
 
-// The Hopper main kernel's dq_accum, in query tiles ("slots") of mha_backward_query_rows rows:
+// The Hopper main kernel's query tiles: 64 rows at every head dim it serves (one m64 wgmma of
+// dQ per tile; at d_qk 192 it computes the scores over two 32-row halves instead).
+inline constexpr int kMhaBackwardSm90QueryRows = 64;
+
+// The Hopper main kernel's dq_accum, in its query tiles ("slots" of rows = 64):
 // sequence s (first row c = cu_seqlens_q[s]) has its tile j in slot c / rows + s + j. Slots of
 // different sequences never meet: a sequence of n rows ends before slot (c + n) / rows + s + 1,
 // the next one's first; the last ends before total_q / rows + b. Per slot and query head a
-// block of rows x d_qk floats in 64-column parts, each part in the wgmma accumulator's
-// fragment order (float2 (i / 2) * 128 + t holds registers i, i + 1 of thread t of the
-// warpgroup, device/sm90/wgmma_fragment.cuh): the kernel stages a tile's dQ part with
-// conflict-free stores and adds it with one bulk reduction; rows past the sequence add zeros
-// into slot rows nobody reads.
-inline constexpr int kMhaBackwardDqPartCols = 64;
-MLAKIT_HD constexpr int64_t mha_backward_dq_slots(int64_t b, int64_t total_q, int d_qk) {
-  return total_q == 0 ? 0 : total_q / mha_backward_query_rows(d_qk) + b;
+// block of rows x d_qk floats in two parts, one per consumer warpgroup, each in the wgmma
+// accumulators' fragment order (float2 (i / 2) * 128 + t holds registers i, i + 1 of thread t
+// of the warpgroup, device/sm90/wgmma_fragment.cuh; mha_backward_dq_part_column says which
+// column): the kernel stages a tile's dQ with conflict-free stores and adds it with one bulk
+// reduction; rows past the sequence add zeros into slot rows nobody reads.
+MLAKIT_HD constexpr int64_t mha_backward_dq_slots(int64_t b, int64_t total_q) {
+  return total_q == 0 ? 0 : total_q / kMhaBackwardSm90QueryRows + b;
 }
-MLAKIT_HD constexpr int64_t mha_backward_dq_slot(int64_t first_row, int64_t sequence, int64_t tile, int d_qk) {
-  return first_row / mha_backward_query_rows(d_qk) + sequence + tile;
+MLAKIT_HD constexpr int64_t mha_backward_dq_slot(int64_t first_row, int64_t sequence, int64_t tile) {
+  return first_row / kMhaBackwardSm90QueryRows + sequence + tile;
 }
 // Float offset of (slot, query head)'s block.
 MLAKIT_HD constexpr int64_t mha_backward_dq_block(int64_t slot, int64_t head, int h_q, int d_qk) {
-  return (slot * h_q + head) * mha_backward_query_rows(d_qk) * d_qk;
+  return (slot * h_q + head) * kMhaBackwardSm90QueryRows * d_qk;
+}
+// The dQ column of a slot part's column c (0 .. d_qk / 2 - 1; c = acc_col of the register's
+// index within the part): consumer `part` computes K slab `part` (64 columns) and, at d_qk
+// 192, the half `part` of slab 2 (32 columns) as a second accumulator after the first.
+MLAKIT_HD constexpr int mha_backward_dq_part_column(int part, int c) {
+  return c < 64 ? 64 * part + c : 64 + 32 * part + c;
 }
 
 // Every sequence takes whole slots, so many short ones multiply the accumulator (b 8192
@@ -125,7 +137,7 @@ MLAKIT_HD constexpr int64_t mha_backward_dq_block(int64_t slot, int64_t head, in
 inline constexpr int64_t kMhaBackwardDqSlotsAnyBytes = int64_t{64} << 20;
 MLAKIT_HD constexpr int64_t mha_backward_dq_slots_within_bounds(int64_t b, int64_t total_q, int h_q, int d_qk) {
   if (b > 65535) return 0;
-  const int64_t slots = mha_backward_dq_slots(b, total_q, d_qk);
+  const int64_t slots = mha_backward_dq_slots(b, total_q);
   const int64_t slot_floats = mha_backward_dq_block(slots, 0, h_q, d_qk);
   const bool fits = slot_floats <= 2 * total_q * h_q * d_qk || slot_floats * 4 <= kMhaBackwardDqSlotsAnyBytes;
   return fits ? slots : 0;

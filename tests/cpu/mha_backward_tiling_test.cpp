@@ -23,10 +23,36 @@ TEST(MhaBackwardTiling, WorkspaceOfTheWorkedExample) {
   EXPECT_EQ(w.counters_offset, 260 * kMiB + 2 * kMiB);   // row_dot: 32 * 16384 floats
   EXPECT_EQ(w.counters, 4 * 32 * (4096 / 64));           // 64-row query tiles at d_qk 128
   EXPECT_EQ(w.bytes, w.counters_offset + 32 * 1024);
+  // d 192 / 128: the same 64-row slots, 192 columns; counters per 32-row tile (the portable
+  // kernel's), of which the Hopper kernel uses every other one's index range.
+  const MhaBackwardWorkspace wide = mha_backward_workspace(4, 16384, 32, 192, 128, 4096, true);
+  EXPECT_EQ(wide.dq_slots, 260);
+  EXPECT_EQ(wide.row_dot_offset, 390 * kMiB);  // 260 slots x 32 heads x 64 x 192 floats
+  EXPECT_EQ(wide.counters, 4 * 32 * (4096 / 32));
   // Head dims the Hopper kernel does not serve: dq_accum in rows only.
-  const MhaBackwardWorkspace rows = mha_backward_workspace(4, 16384, 32, 192, 128, 4096, false);
+  const MhaBackwardWorkspace rows = mha_backward_workspace(4, 16384, 32, 256, 256, 4096, false);
   EXPECT_EQ(rows.dq_slots, 0);
-  EXPECT_EQ(rows.row_dot_offset, 384 * kMiB);  // 16384 * 32 * 192 floats
+  EXPECT_EQ(rows.row_dot_offset, 512 * kMiB);  // 16384 * 32 * 256 floats
+}
+
+// The slot parts' columns: consumer g holds K slab g (64 columns) and, at d_qk 192, half g of
+// slab 2; together the two parts hold every column once.
+TEST(MhaBackwardTiling, DqPartsCoverEveryColumnOnce) {
+  for (int d_qk : {128, 192}) {
+    std::vector<int> seen(static_cast<size_t>(d_qk), 0);
+    for (int part = 0; part < 2; ++part) {
+      for (int c = 0; c < d_qk / 2; ++c) {
+        const int col = mha_backward_dq_part_column(part, c);
+        ASSERT_GE(col, 0);
+        ASSERT_LT(col, d_qk) << "d_qk " << d_qk << " part " << part << " c " << c;
+        ++seen[static_cast<size_t>(col)];
+      }
+    }
+    for (int col = 0; col < d_qk; ++col) EXPECT_EQ(seen[static_cast<size_t>(col)], 1) << "d_qk " << d_qk << " col " << col;
+  }
+  EXPECT_EQ(mha_backward_dq_part_column(0, 64), 128);
+  EXPECT_EQ(mha_backward_dq_part_column(1, 64), 160);
+  EXPECT_EQ(mha_backward_dq_part_column(1, 63), 127);
 }
 
 // Slots of the Hopper kernel's dq_accum: every query tile of every sequence gets its own, all
@@ -41,12 +67,12 @@ TEST(MhaBackwardTiling, DqSlotsOfDifferentSequencesNeverMeet) {
     const int b = 1 + next(9);
     std::vector<int64_t> cu(b + 1, 0);
     for (int s = 0; s < b; ++s) cu[s + 1] = cu[s] + (next(4) == 0 ? 0 : next(300));
-    const int64_t slots = mha_backward_dq_slots(b, cu[b], 128);
+    const int64_t slots = mha_backward_dq_slots(b, cu[b]);
     std::vector<int> owner(static_cast<size_t>(slots), -1);
     for (int s = 0; s < b; ++s) {
       const int64_t tiles = (cu[s + 1] - cu[s] + 63) / 64;
       for (int64_t j = 0; j < tiles; ++j) {
-        const int64_t slot = mha_backward_dq_slot(cu[s], s, j, 128);
+        const int64_t slot = mha_backward_dq_slot(cu[s], s, j);
         ASSERT_GE(slot, 0);
         ASSERT_LT(slot, slots) << "trial " << trial << " sequence " << s << " tile " << j;
         ASSERT_EQ(owner[static_cast<size_t>(slot)], -1) << "trial " << trial << " slot " << slot;
@@ -54,7 +80,7 @@ TEST(MhaBackwardTiling, DqSlotsOfDifferentSequencesNeverMeet) {
       }
     }
   }
-  EXPECT_EQ(mha_backward_dq_slots(5, 0, 128), 0);  // no query row: no slot
+  EXPECT_EQ(mha_backward_dq_slots(5, 0), 0);  // no query row: no slot
 }
 
 // Many short sequences take whole slots each: the workspace holds slots (and the Hopper kernel
@@ -86,7 +112,7 @@ TEST(MhaBackwardTiling, PartsAreAlignedAndCountersOnlyInTheDeterministicMode) {
         EXPECT_EQ(w.counters_offset % kMhaBackwardAlignment, 0);
         EXPECT_EQ(w.bytes % kMhaBackwardAlignment, 0);
         EXPECT_GE(w.row_dot_offset, total_q * 5 * d_qk * 4);
-        EXPECT_EQ(w.dq_slots, d_qk == 128 ? mha_backward_dq_slots(3, total_q, d_qk) : 0);
+        EXPECT_EQ(w.dq_slots, mha_backward_hopper_dims(d_qk, d_qk) ? mha_backward_dq_slots(3, total_q) : 0);
         EXPECT_GE(w.row_dot_offset, mha_backward_dq_block(w.dq_slots, 0, 5, d_qk) * 4);
         EXPECT_GE(w.counters_offset - w.row_dot_offset, total_q * 5 * 4);
         EXPECT_EQ(w.counters, deterministic ? 3 * 5 * mha_backward_query_tiles(300, d_qk) : 0);

@@ -37,6 +37,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/mha_backward_tiling.h"
 #include "gpu_test_util.h"
 #include "mlakit/mha_prefill.h"
 #include "support/mha_backward_case.h"
@@ -275,10 +276,17 @@ bool all_poisoned(const DeviceBackwardCase& d) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The sweep: every case in both modes with kAuto, kPortable and kSm90 (d 128; refused
-// otherwise), three calls each.
+// The sweep: every case in both modes with kAuto, kPortable and kSm90 (d (128, 128) and
+// (192, 128); refused otherwise), three calls each.
 
 using SweepParam = std::tuple<BackwardCase, bool, MlaKernel>;
+
+// The Hopper kernel copies q, k, v and dout by TMA, which needs 16-byte rows (offsets and
+// strides in whole 8-element steps); it refuses other layouts, naming the tensor.
+bool tma_rows(const Spec& s) {
+  auto whole = [](const MhaViewPad& p) { return p.offset % 8 == 0 && p.head_pad % 8 == 0 && p.token_pad % 8 == 0; };
+  return whole(s.problem.q_pad) && whole(s.problem.k_pad) && whole(s.problem.v_pad) && whole(s.dout_pad);
+}
 
 class MhaPrefillBackwardSweep : public ::testing::TestWithParam<SweepParam> {};
 
@@ -292,13 +300,16 @@ TEST_P(MhaPrefillBackwardSweep, MatchesReferenceAndDeterministicModeRepeatsBitwi
   if (kernel == MlaKernel::kSm90 && !is_hopper()) GTEST_SKIP() << "the sm90 kernel needs a compute capability 9.0 GPU";
   DeviceBackwardCase d(p.c, deterministic, kernel);
   const auto& spec = bc.spec.problem;
-  if (kernel == MlaKernel::kSm90 && (spec.d_qk != 128 || spec.d_v != 128)) {
-    // The Hopper kernel serves d 128: anything else is refused, naming the argument, before
-    // anything is written.
+  const bool served_dims = mlakit::detail::mha_backward_hopper_dims(spec.d_qk, spec.d_v);
+  if (kernel == MlaKernel::kSm90 && (!served_dims || !tma_rows(bc.spec))) {
+    // The Hopper kernel serves d (128, 128) and (192, 128) over 16-byte rows: other head dims
+    // are refused naming `kernel`, other rows naming the tensor and the alignment (the
+    // validation tests name each), before anything is written.
     d.poison();
     const Status st = d.launch();
-    EXPECT_EQ(st.code(), StatusCode::kUnsupported) << what << ": " << st.to_string();
-    EXPECT_TRUE(message_names_argument(st.message(), "kernel")) << st.message();
+    EXPECT_EQ(st.code(), served_dims ? StatusCode::kInvalidArgument : StatusCode::kUnsupported)
+        << what << ": " << st.to_string();
+    EXPECT_NE(st.message().find(served_dims ? "align" : "kernel"), std::string::npos) << st.message();
     MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
     EXPECT_TRUE(all_poisoned(d)) << what << ": a refused call wrote a gradient";
     return;

@@ -11,7 +11,7 @@
 // call 0.
 //
 // Backward (Stress/MhaPrefillBackward.RepeatedCallsAreCorrect/{deterministic,default} on kernel
-// kAuto, {deterministic,default}_sm90 on kSm90 with d 128 cases): dq, dk, dv and every
+// kAuto, {deterministic,default}_sm90 on kSm90 with d (128, 128) and (192, 128) cases): dq, dk, dv and every
 // workspace byte are 0xFF before each call. Deterministic mode: call 0 is checked against the float64 reference (SPEC section 8, backward rule) and every later call
 // bit for bit against call 0; default mode: every call is checked against the reference (the
 // order of the float32 sums may vary, so equal bits are not required).
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mha_backward_tiling.h"
 #include "gpu_test_util.h"
 #include "mlakit/mha_prefill.h"
 #include "stress_test_util.h"
@@ -251,18 +252,20 @@ std::vector<BackwardSpec> backward_coverage_cases() {
   return c;
 }
 
-// d128: the random problem at d_qk = d_v = 128 (the Hopper kernel's only head dims).
-BackwardSpec random_backward_case(int index, bool d128) {
+// hopper: head dims the Hopper kernel serves ((192, 128) where drawn, (128, 128) otherwise).
+BackwardSpec random_backward_case(int index, bool hopper) {
   CaseRng r(kBackwardSalt, index);
   BackwardSpec b = backward_of(random_problem(r));
-  if (d128) b.problem.d_qk = b.problem.d_v = 128;
+  if (hopper && !mlakit::detail::mha_backward_hopper_dims(b.problem.d_qk, b.problem.d_v)) {
+    b.problem.d_qk = b.problem.d_v = 128;
+  }
   const int layout = r.uniform(0, 99);
   if (layout < 25) {
     b.dout_pad = {.offset = 0, .head_pad = 8, .token_pad = 16};
     b.dq_pad = {.offset = 8, .head_pad = 16, .token_pad = 8};
     b.dk_pad = {.offset = 0, .head_pad = 8, .token_pad = 24};
     b.dv_pad = {.offset = 16, .head_pad = 8, .token_pad = 0};
-  } else if (layout < 35 && !b.problem.packed_qkv && !d128) {  // kSm90 refuses 4-byte rows (the validation test's)
+  } else if (layout < 35 && !b.problem.packed_qkv && !hopper) {  // kSm90 refuses 4-byte rows (the validation test's)
     support::align4_all_views(&b);
   }
   shrink_to_budget(&b.problem, kBackwardReferenceBudget, [&] { return support::backward_reference_macs(b); });
@@ -292,8 +295,8 @@ void run_backward_case(const BackwardSpec& spec, const std::string& name, bool d
                                  << r.failure;
 }
 
-// Both modes on kAuto and on the Hopper kernel (kSm90: the d 128 coverage cases and random
-// cases made d 128).
+// Both modes on kAuto and on the Hopper kernel (kSm90: the coverage cases of its head dims and
+// random cases made d 128 where they drew others).
 struct BackwardStressParam {
   bool deterministic;
   MlaKernel kernel;
@@ -313,7 +316,7 @@ TEST_P(MhaPrefillBackward, RepeatedCallsAreCorrect) {
   stress::Tally tally("MHA prefill backward", mode.c_str(), /*planned=*/false);
   for (int i = 0; i < stress::knobs().cases; ++i) {
     const BackwardSpec spec = i < static_cast<int>(coverage.size()) ? coverage[i] : random_backward_case(i, sm90);
-    if (sm90 && (spec.problem.d_qk != 128 || spec.problem.d_v != 128)) continue;  // refused: the sweep checks that
+    if (sm90 && !mlakit::detail::mha_backward_hopper_dims(spec.problem.d_qk, spec.problem.d_v)) continue;  // refused: the sweep checks that
     run_backward_case(spec, "case " + std::to_string(i) + " (" + support::describe(spec) + ")", deterministic, kernel,
                       &tally);
     if (HasFatalFailure() || tally.failed_cases() >= stress::kMaxFailedCases) break;

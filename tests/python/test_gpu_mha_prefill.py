@@ -450,8 +450,8 @@ def raw_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, 
 @pytest.mark.parametrize("d_qk,d_v", PAIRS)
 def test_backward_matches_the_cpu_reference(d_qk, d_v, causal, kernel):
     q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(400 + d_qk + d_v + causal, d_qk, d_v, causal)
-    if kernel == "sm90" and (d_qk, d_v) != (128, 128):
-        with pytest.raises(ValueError, match="^mha_prefill_backward: kernel: kSm90 serves d_qk = d_v = 128"):
+    if kernel == "sm90" and (d_qk, d_v) not in ((128, 128), (192, 128)):
+        with pytest.raises(ValueError, match=r"^mha_prefill_backward: kernel: kSm90 serves \(d_qk, d_v\) = \(128, 128\)"):
             mlakit.mha_prefill_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK), causal=causal,
                                         kernel=kernel)
         return
@@ -531,7 +531,7 @@ def test_backward_auto_runs_the_kernel_that_serves_the_problem():
         assert all(torch.equal(a, b) for a, b in zip(rows_of(d, "auto", 450 + d), rows_of(d, chosen, 450 + d))), d
     q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(450, 64, 64, True)
     args = (dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK))
-    with pytest.raises(ValueError, match="kernel"):  # the Hopper backward serves d 128 only
+    with pytest.raises(ValueError, match="kernel"):  # the Hopper backward serves d (128, 128), (192, 128) only
         mlakit.mha_prefill_backward(*args, causal=True, kernel="sm90")
     with pytest.raises(ValueError, match="^mha_prefill_backward: kernel: expected"):
         mlakit.mha_prefill_backward(*args, kernel="hopper")

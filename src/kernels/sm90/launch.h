@@ -112,15 +112,15 @@ cudaError_t launch_mha_prefill_sm90(const MhaPrefillParams& params, const MhaPre
 
 // ---- MHA prefill backward (mha_backward/) ----
 
-// Problems the Hopper backward serves (the portable kernel serves every one): d 128, grids
-// within CUDA's y / z limits.
+// Problems the Hopper backward serves (the portable kernel serves every one): d (128, 128) and
+// (192, 128), grids within CUDA's y / z limits.
 constexpr bool mha_sm90_backward_supported(int d_qk, int d_v, int h_kv, int b) {
   return mha_backward_hopper_dims(d_qk, d_v) && h_kv <= 65535 && b <= 65535;
 }
 inline constexpr int kMhaBackwardSm90KeyRows = 128;  // keys per CTA (its K / V maps' boxes)
 
 // Its TMA maps: q, k, v and dout as 4D maps {d, heads, tokens, 1} read in boxes of 64 columns
-// x 1 head x a tile of tokens (query tiles of mha_backward_query_rows, 128 keys), 128-byte
+// x 1 head x a tile of tokens (query tiles of kMhaBackwardSm90QueryRows, 128 keys), 128-byte
 // swizzled.
 struct MhaBackwardMaps {
   CUtensorMap q, k, v, dout;

@@ -4,7 +4,9 @@
 // A CTA owns kBlockN = 128 keys of one kv head of one sequence and runs every query tile
 // (kBlockM = 64 rows) of every query head of its group that sees them: dK and dV of its keys
 // stay in registers (two consumer warpgroups, 64 keys each), dQ of each query tile is added
-// into the float32 accumulator of the workspace (common/mha_backward_tiling.h).
+// into the float32 accumulator of the workspace (common/mha_backward_tiling.h). Head dims
+// (d_qk, d_v) = (128, 128) and (192, 128); at d_qk 192 the 96 + 64 dK / dV accumulators leave
+// room for the scores of half a tile only (two 32-row halves) and for one dS buffer.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +28,11 @@ struct Config {
   static constexpr int kConsumers = 2;
   static constexpr int kKeysPerConsumer = 64;  // the M of S^T = K Q^T, one wgmma
   static constexpr int kBlockN = kConsumers * kKeysPerConsumer;
-  // Query rows per tile: the workspace's query tiles (the deterministic counters' unit).
-  static constexpr int kBlockM = mha_backward_query_rows(kDqk);
+  // Query rows per tile: the workspace's dQ slots (common/mha_backward_tiling.h).
+  static constexpr int kBlockM = kMhaBackwardSm90QueryRows;
+  // S^T and dP^T per tile in kHalves products of kHalfRows queries each.
+  static constexpr int kHalves = kDqk > 128 ? 2 : 1;
+  static constexpr int kHalfRows = kBlockM / kHalves;
   static constexpr int kStages = 2;  // Q / dO tiles
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
@@ -45,16 +50,25 @@ struct Config {
   static constexpr uint32_t kDoBytes = kVSlabs * kQSlabBytes;
   // dS [query][key] for dQ = dS K (the SS product's A, K-major): one 64-key slab per consumer.
   static constexpr int kDsSlabBytes = kBlockM * dev::kSwizzleRowBytes;
-  // dQ staging per consumer: its kBlockM x 64 float32 accumulator in fragment order, as its
-  // part of the tile's dq_accum slot (common/mha_backward_tiling.h): one bulk reduction adds it.
-  static constexpr int kDqCols = kDqk / kConsumers;
+  // dS buffers: two, by tile parity, so a consumer stores the next tile's dS while the other's
+  // dQ product may still read this one's; at d_qk 192 one (shared memory), freed by ds_empty.
+  static constexpr int kDsBuffers = kDqk > 128 ? 1 : 2;
+  // dQ columns per consumer g: K slab g (the main accumulator, 64 columns) and, at d_qk 192,
+  // half g of slab 2 (the tail, 32 columns): mha_backward_dq_part_column.
+  static constexpr int kDqMainCols = kSlabCols;
+  static constexpr int kDqTailCols = (kDqk - kConsumers * kSlabCols) / kConsumers;
+  static constexpr int kDqCols = kDqMainCols + kDqTailCols;
+  // dQ staging per consumer: its kBlockM x kDqCols float32 accumulators in fragment order, as
+  // its part of the tile's dq_accum slot (common/mha_backward_tiling.h): one bulk reduction
+  // adds both parts.
   static constexpr int kDqStageBytes = kBlockM * kDqCols * 4;
 
-  static_assert(kDqk == 128 && kDv == 128, "this kernel serves d 128 (the portable one the rest)");
+  static_assert(mha_backward_hopper_dims(kDqk, kDv) && kDv == kConsumers * kSlabCols,
+                "this kernel serves d (128, 128) and (192, 128) (the portable one the rest)");
   static_assert(kBlockM == 64, "one m64 wgmma of dQ per query tile");
-  static_assert(kDqCols == kSlabCols, "each consumer's dQ columns are one K slab (the product's B)");
-  static_assert(kDqCols == kMhaBackwardDqPartCols && kBlockM == mha_backward_query_rows(kDqk),
-                "a consumer's dQ is one part of a dq_accum slot");
+  static_assert(kHalfRows % 16 == 0, "whole k16 steps of dV, dK per half");
+  static_assert(kDqTailCols == 0 || kDqTailCols == 32, "the tail is half a slab (d_qk 192)");
+  static_assert(kDqCols * kConsumers == kDqk, "the consumers' parts make the slot's block");
 };
 
 template <class C>
@@ -63,7 +77,7 @@ struct Smem {
   uint8_t v[C::kVSlabs][C::kKvSlabBytes];
   uint8_t q[C::kStages][C::kQkSlabs][C::kQSlabBytes];
   uint8_t dout[C::kStages][C::kVSlabs][C::kQSlabBytes];
-  uint8_t ds[2][C::kConsumers][C::kDsSlabBytes];  // [tile parity][key slab]
+  uint8_t ds[C::kDsBuffers][C::kConsumers][C::kDsSlabBytes];  // [tile parity (two buffers)][key slab]
   alignas(16) uint8_t dq[C::kConsumers][C::kDqStageBytes];
   // Per query row of a stage: lse in base 2 (+inf past the sequence: P = 0) and D =
   // rowsum(dout * out) (0 past the sequence), written by the producer warp's lanes.
@@ -76,6 +90,7 @@ struct Smem {
   uint64_t q_landed;                // the producer's own wait before zeroing (a partial tile)
   uint64_t dq_full;                 // both consumers' dQ of the tile staged (every thread of both)
   uint64_t dq_empty;                // the writer's add has read the staging (the writer's lane 0)
+  uint64_t ds_empty;                // one dS buffer (d_qk 192): both consumers' dQ products read it
 };
 
 template <class C>
@@ -96,6 +111,9 @@ template <class C>
 inline constexpr uint32_t kStagedArrivals = C::kConsumers * dev::kWarpgroupThreads;
 template <class C>
 inline constexpr uint32_t kAddReadArrivals = 1;
+// Every consumer thread arrives on ds_empty after its wait for its dQ product.
+template <class C>
+inline constexpr uint32_t kDsReadArrivals = C::kConsumers * dev::kWarpgroupThreads;
 
 template <class C>
 __device__ __forceinline__ Smem<C>& setup_shared_memory(uint8_t* raw) {
@@ -111,6 +129,7 @@ __device__ __forceinline__ Smem<C>& setup_shared_memory(uint8_t* raw) {
     }
     dev::mbarrier_init(&sm.dq_full, kStagedArrivals<C>);
     dev::mbarrier_init(&sm.dq_empty, kAddReadArrivals<C>);
+    if constexpr (C::kDsBuffers == 1) dev::mbarrier_init(&sm.ds_empty, kDsReadArrivals<C>);
     dev::fence_mbarrier_init();
   }
   __syncthreads();

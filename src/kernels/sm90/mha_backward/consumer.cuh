@@ -5,8 +5,10 @@
 //   P^T  = exp2(S^T scale_log2 - lse2[query]),   dS^T = P^T (dP^T - D[query])   (masked)
 //   dV  += P^T dO,  dK += dS^T Q                 (RS, m64 n d, from registers)
 //   dS  -> shared memory as [query][key]          (both consumers; barrier)
-//   dQ   = dS K, this consumer's 64 columns      (SS, m64 n64, all 128 keys)
+//   dQ   = dS K, this consumer's columns         (SS, m64 n64 (+ n32 at d_qk 192), all 128 keys)
 //   dQ  -> staging -> the writer's bulk reduction into the tile's dq_accum slot (float32)
+// At d_qk 192 the first five run per 32-query half of the tile (n32 scores), so that the
+// scores fit beside the 96 + 64 dK / dV accumulators.
 // Fragments (device/sm90/wgmma_fragment.cuh): accumulator register i of thread t is in row
 // acc_row(t, i) (a key of S^T, a query of dQ) and column acc_col(t, i).
 #pragma once
@@ -28,11 +30,13 @@ namespace mlakit::detail::mha_bwd_sm90 {
 template <class C, typename Elem>
 class Consumer {
  public:
-  static constexpr int kSRegs = C::kBlockM / 2;    // S^T, dP^T: m64 n kBlockM
+  static constexpr int kSRegs = C::kHalfRows / 2;  // S^T, dP^T of a half: m64 n kHalfRows
   static constexpr int kKRegs = C::kDqk / 2;       // dK: m64 n d_qk
   static constexpr int kVRegs = C::kDv / 2;        // dV: m64 n d_v
-  static constexpr int kQRegs = C::kDqCols / 2;    // dQ: m64 n 64
-  static constexpr int kQuerySteps = C::kBlockM / 16;   // k16 steps of dV, dK
+  static constexpr int kQRegs = C::kDqMainCols / 2;                // dQ, K slab g: m64 n64
+  static constexpr bool kDqTail = C::kDqTailCols > 0;              // d_qk 192
+  static constexpr int kQTailRegs = kDqTail ? C::kDqTailCols / 2 : 1;  // dQ, half g of slab 2: m64 n32
+  static constexpr int kQuerySteps = C::kHalfRows / 16;  // k16 steps of dV, dK per half
   static constexpr int kKeySteps = C::kBlockN / 16;     // k16 steps of dQ
   static constexpr int kQkSteps = C::kDqk / 16;
   static constexpr int kVSteps = C::kDv / 16;
@@ -54,10 +58,11 @@ class Consumer {
   }
 
  private:
-  using MmaS = dev::Wgmma<C::kBlockM, Elem>;   // S^T, dP^T
-  using MmaK = dev::Wgmma<C::kDqk, Elem>;      // dK
-  using MmaV = dev::Wgmma<C::kDv, Elem>;       // dV
-  using MmaQ = dev::Wgmma<C::kDqCols, Elem>;   // dQ
+  using MmaS = dev::Wgmma<C::kHalfRows, Elem>;     // S^T, dP^T
+  using MmaK = dev::Wgmma<C::kDqk, Elem>;          // dK
+  using MmaV = dev::Wgmma<C::kDv, Elem>;           // dV
+  using MmaQ = dev::Wgmma<C::kDqMainCols, Elem>;   // dQ, K slab g
+  using MmaQTail = dev::Wgmma<kDqTail ? C::kDqTailCols : 32, Elem>;  // dQ, half g of slab 2
   using Ops = device::ElemOps<Elem>;
 
   // Named barrier (0 is __syncthreads'): both consumers' dS written.
@@ -67,41 +72,77 @@ class Consumer {
   // One query tile; its dQ is staged at the end, for the writer to add (dq_writer.cuh).
   __device__ void tile(int it, float (&dk)[kKRegs], float (&dv)[kVRegs]) {
     const int stage = it % C::kStages;
+    const int buffer = C::kDsBuffers == 1 ? 0 : it & 1;
     dev::mbarrier_wait(&sm_.q_full[stage], (it / C::kStages) & 1);
 
-    float s[kSRegs], dp[kSRegs];
-    scores(s, dp, stage);
-    dev::wgmma_wait<1>();  // S^T done; dP^T may still run while P^T is computed
-    dev::fence_registers(s);
-    probabilities(s, stage, tile_row0<C>(w_, it));
-    dev::wgmma_wait<0>();
-    dev::fence_registers(dp);
     uint32_t pfrag[kQuerySteps][4], dsfrag[kQuerySteps][4];
-    score_gradients(s, dp, stage, it & 1, pfrag, dsfrag);
-    device::fence_proxy_async_shared();  // dS, read by the dQ product (async proxy)
-    key_products(dk, dv, pfrag, dsfrag, stage);
+#pragma unroll
+    for (int h = 0; h < C::kHalves; ++h) {
+      float s[kSRegs], dp[kSRegs];
+      scores(s, dp, stage, h);
+      dev::wgmma_wait<1>();  // S^T done (and the previous half's dV, dK); dP^T may still run while P^T is computed
+      dev::fence_registers(s);
+      probabilities(s, stage, tile_row0<C>(w_, it), h);
+      dev::wgmma_wait<0>();
+      dev::fence_registers(dp);
+      score_gradients(s, dp, stage, h, pfrag, dsfrag);
+      if constexpr (C::kDsBuffers == 1) {
+        if (h == 0 && it > 0) dev::mbarrier_wait(&sm_.ds_empty, (it - 1) & 1);  // the previous tile's dS read
+      }
+      store_ds(dsfrag, buffer, h);
+      device::fence_proxy_async_shared();  // dS, read by the dQ product (async proxy)
+      key_products(dk, dv, pfrag, dsfrag, stage, h);
+      if constexpr (C::kHalves > 1) {
+        // The half's dV / dK products done before the next products are issued: their
+        // accumulators and these fragments would not fit beside dK and dV together.
+        dev::wgmma_wait<0>();
+        dev::fence_registers(pfrag);
+        dev::fence_registers(dsfrag);
+      }
+    }
+    if constexpr (C::kHalves > 1) dev::mbarrier_arrive(&sm_.q_empty[stage][g_]);  // Q, dO, lse2, D read
     dev::named_barrier_sync(kDsBarrier, kBothThreads);  // both consumers' dS slabs written
 
     float dq[kQRegs];
-    query_product(dq, it & 1);
+    query_product<MmaQ>(dq, buffer, dev::smem_u32(&sm_.k[g_][0]));
     dev::wgmma_wait<0>();
     dev::fence_registers(dq);
     dev::fence_registers(dk);
     dev::fence_registers(dv);
-    dev::fence_registers(pfrag);
-    dev::fence_registers(dsfrag);
-    dev::mbarrier_arrive(&sm_.q_empty[stage][g_]);  // this thread's reads of Q, dO, lse2, D of the stage done
-    stage_dq(dq, it);
+    if constexpr (C::kHalves == 1) {
+      dev::fence_registers(pfrag);
+      dev::fence_registers(dsfrag);
+      dev::mbarrier_arrive(&sm_.q_empty[stage][g_]);  // this thread's reads of Q, dO, lse2, D of the stage done
+    }
+    if (it > 0) dev::mbarrier_wait(&sm_.dq_empty, (it - 1) & 1);  // the writer's add has read the staging
+    stage_dq(dq, 0);
+    if constexpr (kDqTail) {
+      // The tail after the main part is staged: both accumulators would not fit beside dK, dV.
+      float dq_tail[kQTailRegs];
+      query_product<MmaQTail>(dq_tail, buffer,
+                              dev::smem_u32(&sm_.k[C::kConsumers][0]) + g_ * (dev::kSwizzleRowBytes / 2));
+      dev::wgmma_wait<0>();
+      dev::fence_registers(dq_tail);
+      dev::fence_registers(dk);
+      dev::fence_registers(dv);
+      stage_dq(dq_tail, kQRegs);
+    }
+    if constexpr (C::kDsBuffers == 1) dev::mbarrier_arrive(&sm_.ds_empty);  // its dQ products' reads of dS done
+    device::fence_proxy_async_shared();  // the staging, read by the writer's bulk reduction (async proxy)
+    dev::mbarrier_arrive(&sm_.dq_full);
   }
 
-  // Issues S^T = K Q^T and dP^T = V dO^T of this consumer's 64 keys (SS, both operands
-  // K-major), one commit group each.
-  __device__ void scores(float (&s)[kSRegs], float (&dp)[kSRegs], int stage) {
+  // Issues S^T = K Q^T and dP^T = V dO^T of this consumer's 64 keys and the queries of half h
+  // (SS, both operands K-major), one commit group each.
+  __device__ void scores(float (&s)[kSRegs], float (&dp)[kSRegs], int stage, int h) {
     const uint32_t key_rows = g_ * C::kConsumerKeyOffset;
+    const uint32_t query_rows = h * C::kHalfRows * dev::kSwizzleRowBytes;
     const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.k[0][0]) + key_rows, 16, 1024));
-    const uint64_t q_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[stage][0][0]), 16, 1024));
+    const uint64_t q_desc =
+        dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[stage][0][0]) + query_rows, 16, 1024));
     const uint64_t v_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.v[0][0]) + key_rows, 16, 1024));
-    const uint64_t o_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.dout[stage][0][0]), 16, 1024));
+    const uint64_t o_desc =
+        dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.dout[stage][0][0]) + query_rows, 16, 1024));
     dev::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kQkSteps; ++k) {
@@ -121,17 +162,19 @@ class Consumer {
     dev::wgmma_commit();
   }
 
-  // S^T -> P^T = exp2(S^T scale_log2 - lse2[query]) in place. Keys past the sequence and
-  // (causal) keys a query does not see get 0; queries past the sequence have lse2 +inf.
-  __device__ void probabilities(float (&s)[kSRegs], int stage, int row0) const {
+  // S^T -> P^T = exp2(S^T scale_log2 - lse2[query]) in place (queries of half h). Keys past
+  // the sequence and (causal) keys a query does not see get 0; queries past the sequence have
+  // lse2 +inf.
+  __device__ void probabilities(float (&s)[kSRegs], int stage, int row0, int h) const {
     const int c = lane_ % 4;
+    const int first = h * C::kHalfRows;  // the half's first query column
     const int key_base = w_.key0 + g_ * C::kKeysPerConsumer;
     const int diagonal = w_.k_len - w_.q_len;  // query t sees keys j with j - t <= Lk - Lq
     const bool masked = w_.key0 + C::kBlockN > w_.k_rows ||
                         (p_.causal && int64_t{w_.key0} + C::kBlockN - 1 - row0 > diagonal);
 #pragma unroll
     for (int j8 = 0; j8 < kSRegs / 4; ++j8) {
-      const int col = 8 * j8 + 2 * c;
+      const int col = first + 8 * j8 + 2 * c;
       const float2 lse = *reinterpret_cast<const float2*>(&sm_.lse2[stage][col]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -149,14 +192,15 @@ class Consumer {
 
   // dS^T = P^T (dP^T - D[query]) in place; P^T and dS^T packed into the RS A fragments over the
   // queries (pack(x[8 kb + 2 r], x[8 kb + 2 r + 1]) for query block kb, as the forward's P),
-  // and dS stored from them (store_ds). Masked P are 0, so their dS are 0 (dP is finite: rows
+  // from which the caller stores dS (store_ds). Masked P are 0, so their dS are 0 (dP is finite: rows
   // past a sequence are zeroed).
-  __device__ void score_gradients(const float (&s)[kSRegs], float (&dp)[kSRegs], int stage, int parity,
-                                  uint32_t (&pfrag)[kQuerySteps][4], uint32_t (&dsfrag)[kQuerySteps][4]) {
+  __device__ void score_gradients(const float (&s)[kSRegs], float (&dp)[kSRegs], int stage, int h,
+                                  uint32_t (&pfrag)[kQuerySteps][4], uint32_t (&dsfrag)[kQuerySteps][4]) const {
     const int c = lane_ % 4;
+    const int first = h * C::kHalfRows;
 #pragma unroll
     for (int j8 = 0; j8 < kSRegs / 4; ++j8) {
-      const int col = 8 * j8 + 2 * c;
+      const int col = first + 8 * j8 + 2 * c;
       const float2 dd = *reinterpret_cast<const float2*>(&sm_.row_dot[stage][col]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -172,31 +216,32 @@ class Consumer {
         dsfrag[kb][r] = Ops::pack(dp[8 * kb + 2 * r], dp[8 * kb + 2 * r + 1]);
       }
     }
-    store_ds(dsfrag, parity);
   }
 
   // dS as [query][key] (q's dtype, 128-byte swizzle: row = query, 16-byte chunk = key / 8) into
-  // this consumer's slab of the tile parity's buffer, by stmatrix.trans from the packed dS^T:
+  // this consumer's slab of the buffer, rows of half h, by stmatrix.trans from the packed dS^T:
   // the 8 x 8 block (h, j) of this warp's dS^T (keys 16 warp + 8 h .., queries 8 j ..) is
   // dsfrag[j / 2][2 (j % 2) + h], and stored transposed it is 8 query rows of key chunk
   // 2 warp + h. Call kb stores dsfrag[kb][0..3], blocks (h, j) = (b % 2, 2 kb + b / 2) for
   // b = 0..3; lane l addresses row l % 8 of block b = l / 8.
-  __device__ void store_ds(const uint32_t (&dsfrag)[kQuerySteps][4], int parity) const {
-    const uint32_t slab = dev::smem_u32(&sm_.ds[parity][g_][0]);
+  __device__ void store_ds(const uint32_t (&dsfrag)[kQuerySteps][4], int buffer, int h) const {
+    const uint32_t slab = dev::smem_u32(&sm_.ds[buffer][g_][0]);
     const int block = lane_ / 8;
     const int chunk = 2 * (t_ / dev::kWarpSize) + block % 2;
 #pragma unroll
     for (int kb = 0; kb < kQuerySteps; ++kb) {
-      const int query = 8 * (2 * kb + block / 2) + lane_ % 8;
+      const int query = h * C::kHalfRows + 8 * (2 * kb + block / 2) + lane_ % 8;
       dev::stmatrix_x4_trans(slab + dev::sw128_offset(query, chunk), dsfrag[kb][0], dsfrag[kb][1], dsfrag[kb][2],
                              dsfrag[kb][3]);
     }
   }
 
-  // dV += P^T dO and dK += dS^T Q (RS; dO and Q are N-major for these products: 8-row groups
-  // 1024 bytes apart, 64-column slabs a slab apart), committed, not waited for.
+  // dV += P^T dO and dK += dS^T Q over the queries of half h (RS; dO and Q are N-major for
+  // these products: 8-row groups 1024 bytes apart, 64-column slabs a slab apart), committed,
+  // not waited for.
   __device__ void key_products(float (&dk)[kKRegs], float (&dv)[kVRegs], const uint32_t (&pfrag)[kQuerySteps][4],
-                               const uint32_t (&dsfrag)[kQuerySteps][4], int stage) {
+                               const uint32_t (&dsfrag)[kQuerySteps][4], int stage, int h) {
+    const int step0 = h * kQuerySteps;
     const uint64_t o_desc =
         dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.dout[stage][0][0]), C::kQSlabBytes, 1024));
     const uint64_t q_desc =
@@ -204,43 +249,43 @@ class Consumer {
     dev::wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < kQuerySteps; ++kb) {
-      MmaV::template rs<1>(dv, pfrag[kb], dev::advance_desc(o_desc, kb * 16 * dev::kSwizzleRowBytes), true);
+      MmaV::template rs<1>(dv, pfrag[kb], dev::advance_desc(o_desc, (step0 + kb) * 16 * dev::kSwizzleRowBytes), true);
     }
 #pragma unroll
     for (int kb = 0; kb < kQuerySteps; ++kb) {
-      MmaK::template rs<1>(dk, dsfrag[kb], dev::advance_desc(q_desc, kb * 16 * dev::kSwizzleRowBytes), true);
+      MmaK::template rs<1>(dk, dsfrag[kb], dev::advance_desc(q_desc, (step0 + kb) * 16 * dev::kSwizzleRowBytes), true);
     }
     dev::wgmma_commit();
   }
 
-  // dQ (this consumer's 64 columns) = dS K over all 128 keys: A = dS [query][key] (K-major, a
-  // slab per 64 keys), B = K slab g as N-major (rows = keys, the slab's 64 columns).
-  __device__ void query_product(float (&dq)[kQRegs], int parity) {
-    const uint64_t ds_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.ds[parity][0][0]), 16, 1024));
-    const uint64_t k_desc =
-        dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.k[g_][0]), C::kKvSlabBytes, 1024));
+  // dQ columns = dS K over all 128 keys: A = dS [query][key] (K-major, a slab per 64 keys), B =
+  // K as N-major (rows = keys) from `k_cols`: slab g's 64 columns (Mma n64) or, at d_qk 192,
+  // the 32 of half g of slab 2 (Mma n32; a start 64 bytes into the swizzled rows for g = 1:
+  // n32 stays inside the 128-byte rows, so the swizzle applies as to a k-step's offset).
+  template <class Mma, int kRegs>
+  __device__ void query_product(float (&dq)[kRegs], int buffer, uint32_t k_cols) {
+    const uint64_t ds_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.ds[buffer][0][0]), 16, 1024));
+    const uint64_t k_desc = dev::opaque_desc(dev::make_sw128_desc(k_cols, C::kKvSlabBytes, 1024));
     dev::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kKeySteps; ++k) {
       const uint32_t in_slab = (k % kStepsPerSlab) * 32;
       const int slab = k / kStepsPerSlab;
-      MmaQ::template ss<1>(dq, dev::advance_desc(ds_desc, slab * C::kDsSlabBytes + in_slab),
-                           dev::advance_desc(k_desc, k * 16 * dev::kSwizzleRowBytes), k > 0);
+      Mma::template ss<1>(dq, dev::advance_desc(ds_desc, slab * C::kDsSlabBytes + in_slab),
+                          dev::advance_desc(k_desc, k * 16 * dev::kSwizzleRowBytes), k > 0);
     }
     dev::wgmma_commit();
   }
 
-  // dQ of the tile, staged for the writer in fragment order as its part of the tile's dq_accum
-  // slot (common/mha_backward_tiling.h): register pair (i, i + 1) of thread t goes to float2
-  // (i / 2) * 128 + t of part g, so each warp's store is 256 contiguous bytes (no bank
-  // conflict). The writer's add of the previous tile must have read the staging first.
-  __device__ void stage_dq(const float (&dq)[kQRegs], int it) {
-    auto* staging = reinterpret_cast<float2*>(&sm_.dq[g_][0]);
-    if (it > 0) dev::mbarrier_wait(&sm_.dq_empty, (it - 1) & 1);
+  // dQ accumulator registers, staged for the writer in fragment order as part g of the tile's
+  // dq_accum slot (common/mha_backward_tiling.h), from register `first` of the part (the tail's
+  // after the main ones): register pair (i, i + 1) of thread t goes to float2 (i / 2) * 128 + t,
+  // so each warp's store is 256 contiguous bytes (no bank conflict).
+  template <int kRegs>
+  __device__ void stage_dq(const float (&dq)[kRegs], int first) const {
+    auto* staging = reinterpret_cast<float2*>(&sm_.dq[g_][0]) + (first / 2) * dev::kWarpgroupThreads;
 #pragma unroll
-    for (int i = 0; i < kQRegs; i += 2) staging[(i / 2) * dev::kWarpgroupThreads + t_] = make_float2(dq[i], dq[i + 1]);
-    device::fence_proxy_async_shared();  // read by the writer's bulk reduction (async proxy)
-    dev::mbarrier_arrive(&sm_.dq_full);
+    for (int i = 0; i < kRegs; i += 2) staging[(i / 2) * dev::kWarpgroupThreads + t_] = make_float2(dq[i], dq[i + 1]);
   }
 
   // dK (times softmax_scale) and dV of this consumer's keys inside the sequence, in q's dtype,

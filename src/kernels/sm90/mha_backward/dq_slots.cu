@@ -1,7 +1,8 @@
 // The Hopper MHA backward's dq_accum in query-tile slots (common/mha_backward_tiling.h): zeroed
 // before the main kernel, converted into dq after it.
-//   convert: dq[t, h, :] = dq_accum[slot of t's tile][h] (fragment order) * softmax_scale, in
-//            q's dtype, for the rows inside a sequence.
+//   convert: dq[t, h, :] = dq_accum[slot of t's tile][h] (fragment order, two parts of d_qk / 2
+//            columns: mha_backward_dq_part_column) * softmax_scale, in q's dtype, for the rows
+//            inside a sequence.
 // Memory-bound and small beside the main kernel (each slot is read once).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,15 +21,14 @@ namespace {
 
 namespace dev = mlakit::device::sm90;
 
-constexpr int kRows = 64;                       // query rows per slot at d 128
-constexpr int kPartCols = kMhaBackwardDqPartCols;
-constexpr int kThreads = 2 * dev::kWarpgroupThreads;  // one warpgroup's fragment per 64-column part
-constexpr int64_t kMaxBlocksX = 65535;          // blocks per sequence; the rest is walked by them
+constexpr int kRows = kMhaBackwardSm90QueryRows;      // query rows per slot
+constexpr int kThreads = 2 * dev::kWarpgroupThreads;  // one warpgroup's fragments per part
+constexpr int64_t kMaxBlocksX = 65535;                // blocks per sequence; the rest is walked by them
 
 // Grid (tiles of max_seqlen_q x h_q, walked; b). Block: thread t of part g = t / 128 reads its
-// fragment's float2 pairs as the main kernel's consumer g staged them (coalesced) and writes
-// them to their rows.
-template <typename Elem>
+// fragments' float2 pairs as the main kernel's consumer g staged them (coalesced) and writes
+// them to their rows. kPartCols = d_qk / 2.
+template <typename Elem, int kPartCols>
 __global__ void __launch_bounds__(kThreads) mha_backward_sm90_dq_convert_kernel(const __grid_constant__ MhaBackwardParams p) {
   using Ops = device::ElemOps<Elem>;
   const int sequence = static_cast<int>(blockIdx.y);
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kThreads) mha_backward_sm90_dq_convert_kernel(
   for (int64_t work = blockIdx.x; work < tiles * p.h_q; work += gridDim.x) {
     const int64_t tile = work / p.h_q;
     const int head = static_cast<int>(work % p.h_q);
-    const int64_t slot = mha_backward_dq_slot(first, sequence, tile, p.d_qk);
+    const int64_t slot = mha_backward_dq_slot(first, sequence, tile);
     if (slot >= p.dq_slots) return;  // only with prefix sums past the data rules
     const auto* acc = reinterpret_cast<const float2*>(p.dq_accum + mha_backward_dq_block(slot, head, p.h_q, p.d_qk) +
                                                       part * kRows * kPartCols);
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kThreads) mha_backward_sm90_dq_convert_kernel(
       const float2 x = acc[(i / 2) * dev::kWarpgroupThreads + t];
       if (row < rows) {
         Elem* dq = static_cast<Elem*>(p.dq) + (first + row) * p.dq_stride_t + head * p.dq_stride_h;
-        *reinterpret_cast<uint32_t*>(dq + part * kPartCols + dev::acc_col(t, i)) =
+        *reinterpret_cast<uint32_t*>(dq + mha_backward_dq_part_column(part, dev::acc_col(t, i))) =
             Ops::pack(x.x * p.softmax_scale, x.y * p.softmax_scale);
       }
     }
@@ -72,10 +72,16 @@ cudaError_t launch_mha_backward_sm90_dq_zero(const MhaBackwardParams& p, cudaStr
 template <typename Elem>
 cudaError_t launch_mha_backward_sm90_dq_convert(const MhaBackwardParams& p, cudaStream_t stream) {
   if (p.dq_slots == 0 || p.h_q == 0 || p.b == 0) return cudaSuccess;  // no dq row
-  static_assert(kRows == mha_backward_query_rows(128), "the slots' rows at the kernel's head dims");
+  // The counters' query tiles (64 or 32 rows): at least as many as the slots' 64-row ones.
   const int64_t work = p.query_tiles * p.h_q;
   const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(work, 1, kMaxBlocksX)), static_cast<unsigned>(p.b));
-  mha_backward_sm90_dq_convert_kernel<Elem><<<grid, kThreads, 0, stream>>>(p);
+  if (p.d_qk == 128) {
+    mha_backward_sm90_dq_convert_kernel<Elem, 64><<<grid, kThreads, 0, stream>>>(p);
+  } else if (p.d_qk == 192) {
+    mha_backward_sm90_dq_convert_kernel<Elem, 96><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    return cudaErrorInvalidValue;  // mha_backward_hopper_dims rules the rest out
+  }
   return cudaGetLastError();
 }
 

@@ -1,7 +1,7 @@
 // The dQ writer of the Hopper MHA backward (lane 0 of the producer warpgroup's second warp):
 // adds each query tile's dQ, staged by both consumers in fragment order, into the tile's
-// dq_accum slot (common/mha_backward_tiling.h) with one bulk reduction of 32 KiB (the two
-// consumers' parts are adjacent in the staging and in the slot).
+// dq_accum slot (common/mha_backward_tiling.h) with one bulk reduction of 64 x d_qk floats (32
+// or 48 KiB; the two consumers' parts are adjacent in the staging and in the slot).
 //
 // The consumers only stage and arrive (dq_full); waiting for the add to have read the staging,
 // and in the deterministic mode for the query tile's turn and for the add to be made, happens
@@ -30,7 +30,7 @@ __device__ __forceinline__ void write_dq(const MhaBackwardParams& p, const Backw
   for (int it = 0; it < w.tiles; ++it) {
     const int head = tile_head<C>(p, w, it), row0 = tile_row0<C>(w, it);
     dev::mbarrier_wait(&sm.dq_full, it & 1);
-    const int64_t slot = mha_backward_dq_slot(w.q_begin, w.batch, row0 / C::kBlockM, C::kDqk);
+    const int64_t slot = mha_backward_dq_slot(w.q_begin, w.batch, row0 / C::kBlockM);
     int32_t* counter = nullptr;
     int32_t turn = 0;
     if (p.deterministic) {

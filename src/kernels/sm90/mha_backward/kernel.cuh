@@ -63,6 +63,9 @@ cudaError_t launch_mha_backward_sm90(const MhaBackwardParams& params, const MhaB
   if (params.d_qk == 128 && params.d_v == 128) {
     return mha_bwd_sm90::launch<mha_bwd_sm90::Config<128, 128>, Elem>(params, maps, stream);
   }
+  if (params.d_qk == 192 && params.d_v == 128) {
+    return mha_bwd_sm90::launch<mha_bwd_sm90::Config<192, 128>, Elem>(params, maps, stream);
+  }
   return cudaErrorInvalidValue;  // mha_sm90_backward_supported rules the rest out
 }
 

@@ -45,7 +45,7 @@ bool make_mha_prefill_maps(const MhaPrefillParams& p, bool bf16, MhaPrefillMaps*
 
 bool make_mha_backward_maps(const MhaBackwardParams& p, bool bf16, MhaBackwardMaps* maps, std::string* why) {
   constexpr cuuint32_t kBoxCols = 64;
-  const cuuint32_t q_box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(mha_backward_query_rows(p.d_qk)), 1};
+  const cuuint32_t q_box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(kMhaBackwardSm90QueryRows), 1};
   const cuuint32_t kv_box[4] = {kBoxCols, 1, static_cast<cuuint32_t>(kMhaBackwardSm90KeyRows), 1};
   *maps = MhaBackwardMaps{};
   // No query row, no query head or no key: the kernel loads nothing (it zeroes dk and dv), and
