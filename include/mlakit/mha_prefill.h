@@ -106,17 +106,18 @@ struct MhaPrefillBackwardArgs {
   TensorRef dk;  // [total_k, h_kv, d_qk] q's dtype (the reference also takes float32)
   TensorRef dv;  // [total_k, h_kv, d_v]  q's dtype (the reference also takes float32)
   // kSm90: the Hopper main kernel ((d_qk, d_v) = (128, 128) and (192, 128) on compute
-  // capability 9.x, both modes; kUnsupported naming `kernel` for other head dims, kInvalidArgument naming the tensor when
-  // q, k, v or dout rows are not 16-byte aligned); kPortable: the portable kernels (every GPU
-  // of compute capability 8.0 or newer); kAuto: the Hopper kernel where kSm90 would run, the
-  // portable ones otherwise. The reference ignores it.
+  // capability 9.x, both modes; kUnsupported naming `kernel` for other head dims,
+  // kInvalidArgument naming the tensor when q, k, v or dout rows are not 16-byte aligned);
+  // kPortable: the portable kernels (every GPU of compute capability 8.0 or newer); kAuto: the
+  // Hopper kernel where kSm90 would run, the portable ones otherwise. The reference ignores it.
   MlaKernel kernel = MlaKernel::kAuto;
 };
 
 // On the GPU: mha_prefill_backward_workspace_size, allocate that many bytes of device memory
 // (it holds dq's float32 accumulator: [total_q, h_q, d_qk], at d (128, 128) and (192, 128)
-// as many 64-row query tiles as total_q / 64 + b for the Hopper kernel; D = rowsum(dout * out) [h_q, total_q]; and
-// in the deterministic mode one ordering counter per (sequence, query head, query tile)),
+// as many 64-row query tiles as total_q / 64 + b for the Hopper kernel; D = rowsum(dout *
+// out) [h_q, total_q]; and in the deterministic mode one ordering counter per (sequence,
+// query head, query tile)),
 // then mha_prefill_backward per call. The size depends on the shapes and the options only
 // (total_q, h_q, d_qk, d_v, b, max_seqlen_q, deterministic), not on the lengths.
 // Asynchronous on `stream`, allocates nothing, synchronises nothing on the host,

@@ -102,6 +102,10 @@ MLAKIT_HD constexpr bool mha_backward_hopper_dims(int d_qk, int d_v) {
 // The Hopper main kernel's query tiles: 64 rows at every head dim it serves (one m64 wgmma of
 // dQ per tile; at d_qk 192 it computes the scores over two 32-row halves instead).
 inline constexpr int kMhaBackwardSm90QueryRows = 64;
+// Its tiles index the deterministic counters, which are sized by the portable kernel's tiles.
+static_assert(kMhaBackwardSm90QueryRows >= mha_backward_query_rows(128) &&
+                  kMhaBackwardSm90QueryRows >= mha_backward_query_rows(192),
+              "the Hopper kernel's query tiles are never shorter than the counters' (a prefix of each row)");
 
 // The Hopper main kernel's dq_accum, in its query tiles ("slots" of rows = 64):
 // sequence s (first row c = cu_seqlens_q[s]) has its tile j in slot c / rows + s + j. Slots of
@@ -133,7 +137,8 @@ MLAKIT_HD constexpr int mha_backward_dq_part_column(int part, int c) {
 // one-token sequences at h_q 32: 8 GiB of slots against 128 MiB of rows). The workspace holds
 // slots (and the Hopper kernel runs) only where they take at most twice the rows' floats or
 // 64 MiB; elsewhere the portable kernels run. The Hopper grid's b <= 65535 also bounds the
-// slots' size (no overflow: total_q * h_q * d_qk is addressable, b * h_q * 8192 floats < 2^62).
+// slots' size (no overflow: total_q * h_q * d_qk is addressable, b * h_q * 64 * d_qk floats <
+// 2^61).
 inline constexpr int64_t kMhaBackwardDqSlotsAnyBytes = int64_t{64} << 20;
 MLAKIT_HD constexpr int64_t mha_backward_dq_slots_within_bounds(int64_t b, int64_t total_q, int h_q, int d_qk) {
   if (b > 65535) return 0;

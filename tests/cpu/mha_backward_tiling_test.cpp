@@ -103,16 +103,18 @@ TEST(MhaBackwardTiling, DqSlotsOnlyWhereTheyStaySmall) {
 }
 
 TEST(MhaBackwardTiling, PartsAreAlignedAndCountersOnlyInTheDeterministicMode) {
-  for (int d_qk : {64, 128, 192, 256}) {
+  const int dims[][2] = {{64, 64}, {128, 128}, {192, 128}, {192, 192}, {256, 256}};
+  for (const auto& [d_qk, d_v] : dims) {
     for (int64_t total_q : {int64_t{0}, int64_t{1}, int64_t{33}, int64_t{4097}}) {
       for (bool deterministic : {false, true}) {
-        const MhaBackwardWorkspace w = mha_backward_workspace(3, total_q, 5, d_qk, d_qk, 300, deterministic);
-        SCOPED_TRACE(::testing::Message() << "d_qk " << d_qk << " total_q " << total_q << " det " << deterministic);
+        const MhaBackwardWorkspace w = mha_backward_workspace(3, total_q, 5, d_qk, d_v, 300, deterministic);
+        SCOPED_TRACE(::testing::Message() << "d " << d_qk << "/" << d_v << " total_q " << total_q << " det "
+                                          << deterministic);
         EXPECT_EQ(w.row_dot_offset % kMhaBackwardAlignment, 0);
         EXPECT_EQ(w.counters_offset % kMhaBackwardAlignment, 0);
         EXPECT_EQ(w.bytes % kMhaBackwardAlignment, 0);
         EXPECT_GE(w.row_dot_offset, total_q * 5 * d_qk * 4);
-        EXPECT_EQ(w.dq_slots, mha_backward_hopper_dims(d_qk, d_qk) ? mha_backward_dq_slots(3, total_q) : 0);
+        EXPECT_EQ(w.dq_slots, mha_backward_hopper_dims(d_qk, d_v) ? mha_backward_dq_slots(3, total_q) : 0);
         EXPECT_GE(w.row_dot_offset, mha_backward_dq_block(w.dq_slots, 0, 5, d_qk) * 4);
         EXPECT_GE(w.counters_offset - w.row_dot_offset, total_q * 5 * 4);
         EXPECT_EQ(w.counters, deterministic ? 3 * 5 * mha_backward_query_tiles(300, d_qk) : 0);

@@ -16,7 +16,9 @@ namespace mlakit::device::sm90 {
 
 // 64-bit shared-memory matrix descriptor for the 128-byte swizzle (PTX ISA 9.7.15.5.1.2.2):
 // start address, leading- and stride-dimension byte offsets (all >> 4), swizzle mode 1 at
-// bits 62-63, base offset 0 (tiles are 1024-byte aligned).
+// bits 62-63, base offset 0: tiles are 1024-byte aligned, and a start moved inside a tile by
+// less than a 128-byte row (a k-step's 32 bytes, an N-major n32 half's 64) keeps address bits
+// 7-9, the swizzle pattern's phase.
 __device__ __forceinline__ uint64_t make_sw128_desc(uint32_t smem_addr, uint32_t lbo_bytes,
                                                     uint32_t sbo_bytes) {
   uint64_t desc = 0;

@@ -69,6 +69,10 @@ struct Config {
   static_assert(kHalfRows % 16 == 0, "whole k16 steps of dV, dK per half");
   static_assert(kDqTailCols == 0 || kDqTailCols == 32, "the tail is half a slab (d_qk 192)");
   static_assert(kDqCols * kConsumers == kDqk, "the consumers' parts make the slot's block");
+  static_assert(mha_backward_dq_part_column(1, kDqMainCols - 1) == 2 * kSlabCols - 1 &&
+                    (kDqTailCols == 0 || mha_backward_dq_part_column(1, kDqMainCols) == kConsumers * kSlabCols +
+                                                                                           kDqTailCols),
+                "the slot parts' columns (mha_backward_dq_part_column) are the ones the consumers compute");
 };
 
 template <class C>

@@ -80,7 +80,7 @@ class Consumer {
     for (int h = 0; h < C::kHalves; ++h) {
       float s[kSRegs], dp[kSRegs];
       scores(s, dp, stage, h);
-      dev::wgmma_wait<1>();  // S^T done (and the previous half's dV, dK); dP^T may still run while P^T is computed
+      dev::wgmma_wait<1>();  // S^T done; dP^T may still run while P^T is computed
       dev::fence_registers(s);
       probabilities(s, stage, tile_row0<C>(w_, it), h);
       dev::wgmma_wait<0>();

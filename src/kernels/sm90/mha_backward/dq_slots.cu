@@ -72,8 +72,7 @@ cudaError_t launch_mha_backward_sm90_dq_zero(const MhaBackwardParams& p, cudaStr
 template <typename Elem>
 cudaError_t launch_mha_backward_sm90_dq_convert(const MhaBackwardParams& p, cudaStream_t stream) {
   if (p.dq_slots == 0 || p.h_q == 0 || p.b == 0) return cudaSuccess;  // no dq row
-  // The counters' query tiles (64 or 32 rows): at least as many as the slots' 64-row ones.
-  const int64_t work = p.query_tiles * p.h_q;
+  const int64_t work = (int64_t{p.max_seqlen_q} + kRows - 1) / kRows * p.h_q;
   const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(work, 1, kMaxBlocksX)), static_cast<unsigned>(p.b));
   if (p.d_qk == 128) {
     mha_backward_sm90_dq_convert_kernel<Elem, 64><<<grid, kThreads, 0, stream>>>(p);

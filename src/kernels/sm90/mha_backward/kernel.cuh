@@ -8,7 +8,8 @@
 // of its second adds each tile's staged dQ (dq_writer.cuh); warpgroups 1 and 2 consume 64
 // keys each (consumer.cuh). Barriers (config.cuh): kv_full, q_full / q_empty per stage,
 // kv_landed / q_landed (the producer's own waits before zeroing rows past a sequence),
-// dq_full / dq_empty (the dQ staging); named barriers between the consumers (consumer.cuh).
+// dq_full / dq_empty (the dQ staging), ds_empty (d_qk 192: the one dS buffer); named barriers
+// between the consumers (consumer.cuh).
 #pragma once
 
 #include <cuda.h>
