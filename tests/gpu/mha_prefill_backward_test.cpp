@@ -95,6 +95,7 @@ std::vector<BackwardCase> sweep_cases() {
   add("long_1000x1000_d128x128_noncausal_gqa2", mha_backward_spec({{1000}, {1000}}, 2, 1, 128, 128, false));
   add("long_2048x2048_d64x64_causal_gqa2", mha_backward_spec({{2048}, {2048}}, 2, 1, 64, 64, true));
   add("long_300x1500_d256x256_causal_gqa1", mha_backward_spec({{300}, {1500}}, 1, 1, 256, 256, true));
+  add("long_1000x1100_d192x128_causal_gqa2", mha_backward_spec({{1000}, {1100}}, 2, 1, 192, 128, true));
   // More work tiles than an H100 has SMs (132): tiles of different lengths, empty ones and
   // partial last tiles run in several waves.
   for (const auto& dd : dims) {
@@ -198,6 +199,9 @@ std::vector<BackwardCase> sweep_cases() {
     s = mha_backward_spec(batch_c(), 8, 2, 128, 128, true);
     s.problem.max_seqlen_slack = 200;  // the grid sized for longer sequences than there are
     add("max_seqlen_slack_d128x128_causal_gqa4", s);
+    s = mha_backward_spec(batch_c(), 8, 2, 192, 128, false);
+    s.problem.max_seqlen_slack = 130;  // the grid and the deterministic counters sized past the sequences
+    add("max_seqlen_slack_d192x128_noncausal_gqa4", s);
     s = mha_backward_spec({{1, 1, 1, 1}, {3, 2000, 129, 0}}, 16, 2, 128, 128, true);
     add("single_queries_d128x128_causal_gqa8", s);
     s = mha_backward_spec({{2000, 300}, {2, 299}}, 8, 1, 64, 64, true);
