@@ -3,10 +3,11 @@
 // come out of their products in the layout of the next product's A fragments:
 //   S^T  = K Q^T,  dP^T = V dO^T                 (SS, m64 n64, keys x queries)
 //   P^T  = exp2(S^T scale_log2 - lse2[query]),   dS^T = P^T (dP^T - D[query])   (masked)
+//   dS  -> shared memory as [query][key]          (both consumers; barrier before dQ)
 //   dV  += P^T dO,  dK += dS^T Q                 (RS, m64 n d, from registers)
-//   dS  -> shared memory as [query][key]          (both consumers; barrier)
 //   dQ   = dS K, this consumer's columns         (SS, m64 n64 (+ n32 at d_qk 192), all 128 keys)
 //   dQ  -> staging -> the writer's bulk reduction into the tile's dq_accum slot (float32)
+// At d 128 the order is dV, dQ, dK: dQ is staged while dK runs.
 // At d_qk 192 the first five run per 32-query half of the tile (n32 scores), so that the
 // scores fit beside the 96 + 64 dK / dV accumulators.
 // Fragments (device/sm90/wgmma_fragment.cuh): accumulator register i of thread t is in row
@@ -91,13 +92,18 @@ class Consumer {
       }
       store_ds(dsfrag, buffer, h);
       device::fence_proxy_async_shared();  // dS, read by the dQ product (async proxy)
-      key_products(dk, dv, pfrag, dsfrag, stage, h);
+      dev::wgmma_fence();
+      value_product(dv, pfrag, stage, h);
       if constexpr (C::kHalves > 1) {
+        key_product(dk, dsfrag, stage, h);
+        dev::wgmma_commit();
         // The half's dV / dK products done before the next products are issued: their
         // accumulators and these fragments would not fit beside dK and dV together.
         dev::wgmma_wait<0>();
         dev::fence_registers(pfrag);
         dev::fence_registers(dsfrag);
+      } else {
+        dev::wgmma_commit();  // dV; dK is issued after dQ (below)
       }
     }
     if constexpr (C::kHalves > 1) dev::mbarrier_arrive(&sm_.q_empty[stage][g_]);  // Q, dO, lse2, D read
@@ -105,17 +111,31 @@ class Consumer {
 
     float dq[kQRegs];
     query_product<MmaQ>(dq, buffer, dev::smem_u32(&sm_.k[g_][0]));
-    dev::wgmma_wait<0>();
-    dev::fence_registers(dq);
-    dev::fence_registers(dk);
-    dev::fence_registers(dv);
     if constexpr (C::kHalves == 1) {
+      // dK after dQ: dQ is staged while dK runs (in the default mode; in the deterministic one
+      // the writer's turn may keep dq_empty waiting, and the stage's Q, dO are released first).
+      dev::wgmma_fence();
+      key_product(dk, dsfrag, stage, 0);
+      dev::wgmma_commit();
+      dev::wgmma_wait<1>();  // dV, dQ done
+      dev::fence_registers(dq);
+      dev::fence_registers(dv);
       dev::fence_registers(pfrag);
-      dev::fence_registers(dsfrag);
-      dev::mbarrier_arrive(&sm_.q_empty[stage][g_]);  // this thread's reads of Q, dO, lse2, D of the stage done
+      // Both orders spelled out: every path waits for dK (else ptxas adds a wait of its own).
+      if (p_.deterministic) {
+        finish_key_product(dk, dsfrag, stage);
+        stage_main_dq(dq, it);
+      } else {
+        stage_main_dq(dq, it);
+        finish_key_product(dk, dsfrag, stage);
+      }
+    } else {
+      dev::wgmma_wait<0>();
+      dev::fence_registers(dq);
+      dev::fence_registers(dk);
+      dev::fence_registers(dv);
+      stage_main_dq(dq, it);
     }
-    if (it > 0) dev::mbarrier_wait(&sm_.dq_empty, (it - 1) & 1);  // the writer's add has read the staging
-    stage_dq(dq, 0);
     if constexpr (kDqTail) {
       // The tail after the main part is staged: both accumulators would not fit beside dK, dV.
       float dq_tail[kQTailRegs];
@@ -236,26 +256,36 @@ class Consumer {
     }
   }
 
-  // dV += P^T dO and dK += dS^T Q over the queries of half h (RS; dO and Q are N-major for
-  // these products: 8-row groups 1024 bytes apart, 64-column slabs a slab apart), committed,
-  // not waited for.
-  __device__ void key_products(float (&dk)[kKRegs], float (&dv)[kVRegs], const uint32_t (&pfrag)[kQuerySteps][4],
-                               const uint32_t (&dsfrag)[kQuerySteps][4], int stage, int h) {
-    const int step0 = h * kQuerySteps;
+  // dV += P^T dO over the queries of half h (RS; dO is N-major for this product: 8-row groups
+  // 1024 bytes apart, 64-column slabs a slab apart). Issued only: the caller fences before and
+  // commits after.
+  __device__ void value_product(float (&dv)[kVRegs], const uint32_t (&pfrag)[kQuerySteps][4], int stage, int h) {
     const uint64_t o_desc =
         dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.dout[stage][0][0]), C::kQSlabBytes, 1024));
+#pragma unroll
+    for (int kb = 0; kb < kQuerySteps; ++kb) {
+      MmaV::template rs<1>(dv, pfrag[kb],
+                           dev::advance_desc(o_desc, (h * kQuerySteps + kb) * 16 * dev::kSwizzleRowBytes), true);
+    }
+  }
+
+  // dK += dS^T Q over the queries of half h (RS, Q N-major as dO above); issued only.
+  __device__ void key_product(float (&dk)[kKRegs], const uint32_t (&dsfrag)[kQuerySteps][4], int stage, int h) {
     const uint64_t q_desc =
         dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.q[stage][0][0]), C::kQSlabBytes, 1024));
-    dev::wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < kQuerySteps; ++kb) {
-      MmaV::template rs<1>(dv, pfrag[kb], dev::advance_desc(o_desc, (step0 + kb) * 16 * dev::kSwizzleRowBytes), true);
+      MmaK::template rs<1>(dk, dsfrag[kb],
+                           dev::advance_desc(q_desc, (h * kQuerySteps + kb) * 16 * dev::kSwizzleRowBytes), true);
     }
-#pragma unroll
-    for (int kb = 0; kb < kQuerySteps; ++kb) {
-      MmaK::template rs<1>(dk, dsfrag[kb], dev::advance_desc(q_desc, (step0 + kb) * 16 * dev::kSwizzleRowBytes), true);
-    }
-    dev::wgmma_commit();
+  }
+
+  // d 128: waits for the tile's dK product (the last one in flight) and releases the stage.
+  __device__ void finish_key_product(float (&dk)[kKRegs], uint32_t (&dsfrag)[kQuerySteps][4], int stage) {
+    dev::wgmma_wait<0>();
+    dev::fence_registers(dk);
+    dev::fence_registers(dsfrag);
+    dev::mbarrier_arrive(&sm_.q_empty[stage][g_]);  // this thread's reads of Q, dO, lse2, D of the stage done
   }
 
   // dQ columns = dS K over all 128 keys: A = dS [query][key] (K-major, a slab per 64 keys), B =
@@ -275,6 +305,12 @@ class Consumer {
                           dev::advance_desc(k_desc, k * 16 * dev::kSwizzleRowBytes), k > 0);
     }
     dev::wgmma_commit();
+  }
+
+  // The main dQ part of tile `it`, staged once the writer's add has read the previous tile's.
+  __device__ void stage_main_dq(const float (&dq)[kQRegs], int it) const {
+    if (it > 0) dev::mbarrier_wait(&sm_.dq_empty, (it - 1) & 1);
+    stage_dq(dq, 0);
   }
 
   // dQ accumulator registers, staged for the writer in fragment order as part g of the tile's
