@@ -46,8 +46,9 @@ __device__ __forceinline__ void write_dq(const MhaBackwardParams& p, const Backw
     device::bulk_wait_reads();
     dev::mbarrier_arrive(&sm.dq_empty);  // the consumers may stage the next tile
     if (p.deterministic) {
-      device::bulk_wait_all();  // the add made
-      __threadfence();
+      // The add made: its writes are visible to this thread, and the release store is cumulative
+      // over them (no separate fence: one on every tile sat on the chain of key tiles' turns).
+      device::bulk_wait_all();
       device::store_release_gpu(counter, turn + 1);
     }
   }
