@@ -38,7 +38,9 @@ __device__ __forceinline__ void bulk_wait_reads() {
 #endif
 }
 
-// cp.async.bulk.wait_group 0: this thread's bulk groups are complete (their writes made).
+// cp.async.bulk.wait_group 0: this thread's bulk groups are complete (their writes made and
+// visible to this thread: a release store after it publishes them; the .read form below does
+// not).
 __device__ __forceinline__ void bulk_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");

@@ -7,9 +7,10 @@
 //   dV  += P^T dO,  dK += dS^T Q                 (RS, m64 n d, from registers)
 //   dQ   = dS K, this consumer's columns         (SS, m64 n64 (+ n32 at d_qk 192), all 128 keys)
 //   dQ  -> staging -> the writer's bulk reduction into the tile's dq_accum slot (float32)
-// At d 128 the order is dV, dQ, dK: dQ is staged while dK runs.
-// At d_qk 192 the first five run per 32-query half of the tile (n32 scores), so that the
-// scores fit beside the 96 + 64 dK / dV accumulators.
+// At d 128 the order is dV, dQ, dK: dQ is staged while dK runs (the default mode; the
+// deterministic one waits for dK and frees the stage first). At d_qk 192 everything above dQ
+// runs per 32-query half of the tile (n32 scores), so that the scores fit beside the 96 + 64
+// dK / dV accumulators.
 // Fragments (device/sm90/wgmma_fragment.cuh): accumulator register i of thread t is in row
 // acc_row(t, i) (a key of S^T, a query of dQ) and column acc_col(t, i).
 #pragma once

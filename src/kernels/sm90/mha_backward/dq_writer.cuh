@@ -46,8 +46,10 @@ __device__ __forceinline__ void write_dq(const MhaBackwardParams& p, const Backw
     device::bulk_wait_reads();
     dev::mbarrier_arrive(&sm.dq_empty);  // the consumers may stage the next tile
     if (p.deterministic) {
-      // The add made: its writes are visible to this thread, and the release store is cumulative
-      // over them (no separate fence: one on every tile sat on the chain of key tiles' turns).
+      // The add made: the wait without .read returns once its writes are visible to this
+      // thread, and the completion carries an implicit generic-async proxy fence (PTX ISA,
+      // cp.async.bulk completion mechanisms); the release store is cumulative over them. No
+      // separate fence: one on every tile sat on the chain of key tiles' turns.
       device::bulk_wait_all();
       device::store_release_gpu(counter, turn + 1);
     }
