@@ -65,7 +65,6 @@ MhaBackwardParams mha_backward_params(const MhaPrefillBackwardArgs& a, const Mha
 // own kernels), or null for the portable one.
 template <typename Elem>
 Status run(const MhaBackwardParams& params, const MhaBackwardMaps* maps, cudaStream_t stream) {
-  if (maps != nullptr) MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, launch_mha_backward_sm90_dq_zero(params, stream)));
   MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, launch_mha_backward_preprocess<Elem>(params, stream)));
   if (maps == nullptr) {
     MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, launch_mha_backward_main_portable<Elem>(params, stream)));

@@ -2,8 +2,9 @@
 // (mha_backward_kernel.cuh): one warp per (query row, query head) of the rows inside a
 // sequence, [0, cu_seqlens_q[b]), read on the device.
 //   preprocess:  row_dot[h][t] = sum_d dout[t, h, d] * out[t, h, d] (float32), dq_accum[t, h, :]
-//                = 0 (unless the Hopper kernel's slots hold it: dq_tiled), and every
-//                deterministic counter = 0;
+//                = 0 (or, where the Hopper kernel's slots hold it (dq_tiled), every slot = 0:
+//                one pass beside D instead of a memset of its own), and every deterministic
+//                counter = 0;
 //   postprocess: dq[t, h, :] = dq_accum[t, h, :] * softmax_scale in q's dtype.
 // Memory-bound and small beside the main kernel (it reads each row once).
 #include <cuda_bf16.h>
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/mha_backward_tiling.h"
 #include "device/numeric.cuh"
 #include "kernels/portable/launch.h"
 
@@ -46,6 +48,11 @@ __device__ void for_each_query_row(const MhaBackwardParams& p, Row row) {
   for (int64_t r = first_warp; r < rows; r += num_warps) row(r, r / p.h_q, static_cast<int>(r % p.h_q));
 }
 
+// The Hopper kernel's dq_accum slots (common/mha_backward_tiling.h) in float4s; 0 without them.
+__host__ __device__ int64_t slot_float4s(const MhaBackwardParams& p) {
+  return p.dq_tiled ? mha_backward_dq_block(p.dq_slots, 0, p.h_q, p.d_qk) / 4 : 0;
+}
+
 template <typename Elem>
 __global__ void __launch_bounds__(kThreads) mha_backward_preprocess_kernel(const __grid_constant__ MhaBackwardParams p) {
   using Ops = device::ElemOps<Elem>;
@@ -56,6 +63,7 @@ __global__ void __launch_bounds__(kThreads) mha_backward_preprocess_kernel(const
     const auto* g = reinterpret_cast<const uint32_t*>(static_cast<const Elem*>(p.dout) + t * p.dout_stride_t +
                                                       h * p.dout_stride_h);
     float sum = 0.f;
+#pragma unroll 4  // the row's loads issued together (d_v <= 256: at most 4 per lane)
     for (int i = lane; i < p.d_v / 2; i += 32) {
       const float2 a = Ops::unpack(o[i]), b = Ops::unpack(g[i]);
       sum += a.x * b.x + a.y * b.y;
@@ -69,6 +77,10 @@ __global__ void __launch_bounds__(kThreads) mha_backward_preprocess_kernel(const
   const int64_t first_thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t num_threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = first_thread; i < p.num_counters; i += num_threads) p.counters[i] = 0;
+  if (p.dq_tiled) {
+    auto* slots = reinterpret_cast<float4*>(p.dq_accum);  // 256-byte aligned, whole float4s
+    for (int64_t i = first_thread; i < slot_float4s(p); i += num_threads) slots[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 }
 
 template <typename Elem>
@@ -96,7 +108,9 @@ unsigned blocks_for(int64_t rows, int64_t counters) {
 
 template <typename Elem>
 cudaError_t launch_mha_backward_preprocess(const MhaBackwardParams& p, cudaStream_t stream) {
-  mha_backward_preprocess_kernel<Elem><<<blocks_for(p.total_q * p.h_q, p.num_counters), kThreads, 0, stream>>>(p);
+  // Threads for the rows' warps, the counters and the slots (8 float4s a thread at most).
+  const int64_t flat = std::max(p.num_counters, (slot_float4s(p) + 7) / 8);
+  mha_backward_preprocess_kernel<Elem><<<blocks_for(p.total_q * p.h_q, flat), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -129,12 +129,11 @@ bool make_mha_backward_maps(const MhaBackwardParams& params, bool bf16, MhaBackw
 
 // Grid (128-key tiles of max_seqlen_k, h_kv, b); a producer warp, a dQ writer lane and two
 // consumer warpgroups of 64 keys each. Elem: __nv_bfloat16 or __half. Its dq_accum is in query-tile
-// slots (params.dq_tiled): launch_mha_backward_sm90_dq_zero before it (with the portable row
-// kernel for D), launch_mha_backward_sm90_dq_convert after it (dq in q's dtype).
+// slots (params.dq_tiled), zeroed before it by the portable row kernel (beside D),
+// converted after it by launch_mha_backward_sm90_dq_convert (dq in q's dtype).
 template <typename Elem>
 cudaError_t launch_mha_backward_sm90(const MhaBackwardParams& params, const MhaBackwardMaps& maps,
                                      cudaStream_t stream);
-cudaError_t launch_mha_backward_sm90_dq_zero(const MhaBackwardParams& params, cudaStream_t stream);
 template <typename Elem>
 cudaError_t launch_mha_backward_sm90_dq_convert(const MhaBackwardParams& params, cudaStream_t stream);
 

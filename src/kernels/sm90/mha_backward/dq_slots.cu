@@ -1,5 +1,5 @@
-// The Hopper MHA backward's dq_accum in query-tile slots (common/mha_backward_tiling.h): zeroed
-// before the main kernel, converted into dq after it.
+// The Hopper MHA backward's dq_accum in query-tile slots (common/mha_backward_tiling.h),
+// converted into dq after the main kernel (the portable row kernel zeroes them before it).
 //   convert: dq[t, h, :] = dq_accum[slot of t's tile][h] (fragment order, two parts of d_qk / 2
 //            columns: mha_backward_dq_part_column) * softmax_scale, in q's dtype, for the rows
 //            inside a sequence.
@@ -88,12 +88,6 @@ __global__ void __launch_bounds__(kThreads) mha_backward_sm90_dq_convert_kernel(
 }
 
 }  // namespace
-
-cudaError_t launch_mha_backward_sm90_dq_zero(const MhaBackwardParams& p, cudaStream_t stream) {
-  const int64_t floats = mha_backward_dq_block(p.dq_slots, 0, p.h_q, p.d_qk);
-  if (floats == 0) return cudaSuccess;
-  return cudaMemsetAsync(p.dq_accum, 0, static_cast<size_t>(floats) * sizeof(float), stream);
-}
 
 template <typename Elem>
 cudaError_t launch_mha_backward_sm90_dq_convert(const MhaBackwardParams& p, cudaStream_t stream) {
