@@ -61,8 +61,8 @@ MhaBackwardParams mha_backward_params(const MhaPrefillBackwardArgs& a, const Mha
   return p;
 }
 
-// maps: the Hopper main kernel's (its dq_accum in query-tile slots, zeroed and converted by its
-// own kernels), or null for the portable one.
+// maps: the Hopper main kernel's (its dq_accum in query-tile slots, zeroed by the row kernel
+// beside D and converted by its own kernel), or null for the portable one.
 template <typename Elem>
 Status run(const MhaBackwardParams& params, const MhaBackwardMaps* maps, cudaStream_t stream) {
   MLAKIT_RETURN_IF_ERROR(cuda_status(kOp, launch_mha_backward_preprocess<Elem>(params, stream)));

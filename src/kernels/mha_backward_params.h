@@ -31,7 +31,7 @@ struct MhaBackwardParams : MhaPrefillParams {
   bool deterministic = false;
   bool bulk_dq = false;  // sm90: dQ added by bulk reductions from shared memory (MhaBackwardConfig)
   // The Hopper main kernel's dq_accum: dq_slots query-tile slots (common/mha_backward_tiling.h),
-  // zeroed before and converted after by its own kernels instead of the rows'.
+  // zeroed by the preprocess (beside D) and converted after by its own kernel instead of the rows'.
   bool dq_tiled = false;
   int64_t dq_slots = 0;
 };

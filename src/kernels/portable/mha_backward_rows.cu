@@ -62,11 +62,21 @@ __global__ void __launch_bounds__(kThreads) mha_backward_preprocess_kernel(const
                                                       h * p.out_stride_h);
     const auto* g = reinterpret_cast<const uint32_t*>(static_cast<const Elem*>(p.dout) + t * p.dout_stride_t +
                                                       h * p.dout_stride_h);
+    // Four pairs of the row per lane and step, loaded before any is used (d_v <= 256: one step).
     float sum = 0.f;
-#pragma unroll 4  // the row's loads issued together (d_v <= 256: at most 4 per lane)
-    for (int i = lane; i < p.d_v / 2; i += 32) {
-      const float2 a = Ops::unpack(o[i]), b = Ops::unpack(g[i]);
-      sum += a.x * b.x + a.y * b.y;
+    for (int base = 0; base < p.d_v / 2; base += 4 * 32) {
+      uint32_t oa[4], ga[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = base + lane + 32 * j;
+        oa[j] = i < p.d_v / 2 ? o[i] : 0u;
+        ga[j] = i < p.d_v / 2 ? g[i] : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 a = Ops::unpack(oa[j]), b = Ops::unpack(ga[j]);
+        sum += a.x * b.x + a.y * b.y;
+      }
     }
     sum = warp_sum(sum);
     if (lane == 0) p.row_dot[h * p.total_q + t] = sum;
@@ -97,18 +107,20 @@ __global__ void __launch_bounds__(kThreads) mha_backward_postprocess_kernel(cons
   });
 }
 
-// Blocks for `rows` warp rows and `counters` counters (at least one block).
-unsigned blocks_for(int64_t rows, int64_t counters) {
+// Blocks for `rows` warp rows and `threads` threads of per-element work (counters, slots), at
+// least one block, at most kMaxBlocks (the kernels' loops walk the rest).
+unsigned blocks_for(int64_t rows, int64_t threads) {
   const int64_t by_rows = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  const int64_t by_counters = (counters + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(std::clamp<int64_t>(std::max(by_rows, by_counters), 1, kMaxBlocks));
+  const int64_t by_threads = (threads + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::clamp<int64_t>(std::max(by_rows, by_threads), 1, kMaxBlocks));
 }
 
 }  // namespace
 
 template <typename Elem>
 cudaError_t launch_mha_backward_preprocess(const MhaBackwardParams& p, cudaStream_t stream) {
-  // Threads for the rows' warps, the counters and the slots (8 float4s a thread at most).
+  // Threads for the rows' warps, the counters and the slots (8 float4s a thread, more where the
+  // grid reaches kMaxBlocks).
   const int64_t flat = std::max(p.num_counters, (slot_float4s(p) + 7) / 8);
   mha_backward_preprocess_kernel<Elem><<<blocks_for(p.total_q * p.h_q, flat), kThreads, 0, stream>>>(p);
   return cudaGetLastError();

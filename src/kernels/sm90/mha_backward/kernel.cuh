@@ -1,7 +1,7 @@
 // Hopper (sm_90a) MHA prefill backward, main kernel: 128 keys of one kv head of one sequence
 // per CTA against every query tile of every query head of the group that sees them
-// (docs/kernels/mha_backward_sm90.md). Before it: dq_accum's slots zeroed (dq_slots.cu), D by
-// the portable row kernel; after it: dq from the slots (dq_slots.cu).
+// (docs/kernels/mha_backward_sm90.md). Before it: D by the portable row kernel, which also
+// zeroes dq_accum's slots; after it: dq from the slots (dq_slots.cu).
 //
 // Roles (384 threads, one CTA per SM): warpgroup 0 gives its registers back; its first warp
 // produces (producer.cuh: K, V once; Q, dO, lse, D per query tile through two stages), lane 0
