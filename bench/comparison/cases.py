@@ -212,8 +212,10 @@ def all_cases() -> List[Case]:
     # d 128 cases: the same FLOPs and bytes; Gemma-7B's 16 heads of 256).
     cases += [_mha_prefill(4, 4096, 64, 64, 32, False), _mha_prefill(4, 4096, 256, 256, 16, False)]
     # The MHA prefill's backward on the same list (the same tensors as the forward's cases, dout
-    # added).
+    # added), and on the other head sizes (the portable backward's on Hopper).
     cases += _mha_issue_list("mha_backward")
+    cases += [_mha_prefill(4, 4096, 64, 64, 32, False, family="mha_backward"),
+              _mha_prefill(4, 4096, 256, 256, 16, False, family="mha_backward")]
     cases += [_sdpa_mha(False), _sdpa_mha(True)]
     # Merge (issue 30): the states of a context-parallel MLA decode (b = 128 tokens, h_q 128,
     # d 512) from 2, 4, 8 GPUs; large merges of 16384 tokens x 32 heads x d 128 (cascade /

@@ -78,13 +78,13 @@ def test_case_table() -> None:
     expect(sum(c.params["varlen"] for c in mha) == 2 and heads == {32}, "mha_prefill: 2 varlen, h 32 but at d 256")
     bwd = cases.select(table, ["mha_backward"])
     family = cases.FAMILIES["mha_backward"]
-    expect(len(bwd) == 8 and not family.default and family.subject == "mlakit"
+    expect(len(bwd) == 10 and not family.default and family.subject == "mlakit"
            and family.sides == ("sdpa_cudnn", "sdpa_flash", "mlakit", "mlakit_deterministic")
            and family.on_request == ("mlakit_sm90", "mlakit_sm90_deterministic"),
-           "--families mha_backward: 8 cases, not in the default run; cuDNN (baseline), flash, mlakit, deterministic")
-    expect([c.params for c in bwd] == [c.params for c in mha[:8]]
-           and [c.name for c in bwd] == [c.name.replace("mha_prefill", "mha_backward") for c in mha[:8]],
-           f"mha_backward: the forward's issue list ({', '.join(c.name for c in bwd)})")
+           "--families mha_backward: 10 cases, not in the default run; cuDNN (baseline), flash, mlakit, deterministic")
+    expect([c.params for c in bwd] == [c.params for c in mha]
+           and [c.name for c in bwd] == [c.name.replace("mha_prefill", "mha_backward") for c in mha],
+           f"mha_backward: the forward's cases ({', '.join(c.name for c in bwd)})")
     quick = [c.name for c in cases.select(table, ["mha_backward"], quick=True)]
     expect(quick == ["mha_backward_b4_h32_s4096_d128_128"], "mha_backward: one quick case (--families mha_backward --quick)")
     expect(len(cases.select(table, ["gqa"])) == 5, "--families gqa: 5 cases")
