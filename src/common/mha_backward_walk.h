@@ -55,4 +55,35 @@ MLAKIT_HD int mha_backward_last_key_tile(const MhaBackwardWalk& w, int q_len, in
   return static_cast<int>(last_key / block_n);
 }
 
+// The launch order of the main kernel's CTAs. The grid is (key_tiles, pairs) blocks, a pair
+// being one (sequence, kv head): pair = kv_head + h_kv * sequence. The pairs are taken in
+// groups of `group` (the last one may be smaller), and within a group key tile by key tile, so
+// that with about one wave of CTAs per group (group = SMs / key tiles) a wave holds few heads
+// (their Q and dO stay in L2) and the long walks of causal attention (key tile 0 sees every
+// query tile) start before the short ones, not in the last wave. `reversed` (the deterministic
+// mode) takes the key tiles from the last: a CTA then waits only on higher key tiles of its
+// pair, which have lower block indices and are launched no later.
+struct MhaBackwardBlock {
+  int key_tile = 0;
+  int64_t pair = 0;
+};
+
+MLAKIT_HD MhaBackwardBlock mha_backward_block(int64_t linear, int key_tiles, int64_t pairs, int group, bool reversed) {
+  const int64_t full = int64_t{group} * key_tiles;  // blocks of a whole group
+  const int64_t first_pair = linear / full * group;
+  const int64_t in_group = linear - first_pair * key_tiles;
+  const int64_t size = pairs - first_pair < group ? pairs - first_pair : group;
+  MhaBackwardBlock b;
+  const int position = static_cast<int>(in_group / size);
+  b.key_tile = reversed ? key_tiles - 1 - position : position;
+  b.pair = first_pair + in_group % size;
+  return b;
+}
+
+// Pairs per group: about one wave of CTAs (one per SM), at least one pair.
+MLAKIT_HD int mha_backward_launch_group(int key_tiles, int sm_count) {
+  const int group = key_tiles > 0 ? sm_count / key_tiles : 1;
+  return group > 1 ? group : 1;
+}
+
 }  // namespace mlakit::detail

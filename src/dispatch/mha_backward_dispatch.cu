@@ -77,8 +77,8 @@ Status run(const MhaBackwardParams& params, const MhaBackwardMaps* maps, cudaStr
 }  // namespace
 
 Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefillShape& shape, float softmax_scale,
-                             const MhaBackwardWorkspace& layout, bool bulk_dq, bool hopper, void* workspace,
-                             cudaStream_t stream) {
+                             const MhaBackwardWorkspace& layout, bool bulk_dq, bool hopper, int sm_count,
+                             void* workspace, cudaStream_t stream) {
   MhaBackwardParams params = mha_backward_params(args, shape, softmax_scale, layout, bulk_dq, workspace);
   const bool bf16 = args.q.dtype == DType::kBF16;
   const bool required = args.kernel == MlaKernel::kSm90;
@@ -106,6 +106,7 @@ Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefil
       sm90 = &maps;
       params.dq_tiled = true;  // the workspace has room for the slots wherever the kernel serves the dims
       params.dq_slots = layout.dq_slots;
+      params.sm_count = sm_count;
     } else if (required) {
       return Status(StatusCode::kInvalidArgument, std::string(kOp) + ": kernel: kSm90 cannot take this layout: " + why);
     }

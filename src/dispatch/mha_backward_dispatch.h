@@ -13,9 +13,10 @@ namespace mlakit::detail {
 // b >= 1; `softmax_scale` resolved; `workspace` holds `layout.bytes` bytes (may be null when
 // that is 0); `bulk_dq`: the device has bulk reductions (sm90 and later: dQ by bulk
 // reductions, MhaBackwardConfig); `hopper`: the device is compute capability 9.x, where kAuto
-// takes the Hopper main kernel for the problems and layouts it serves.
+// takes the Hopper main kernel for the problems and layouts it serves; `sm_count`: the device's
+// SMs (the Hopper kernel's launch order).
 Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefillShape& shape, float softmax_scale,
-                             const MhaBackwardWorkspace& layout, bool bulk_dq, bool hopper, void* workspace,
-                             cudaStream_t stream);
+                             const MhaBackwardWorkspace& layout, bool bulk_dq, bool hopper, int sm_count,
+                             void* workspace, cudaStream_t stream);
 
 }  // namespace mlakit::detail

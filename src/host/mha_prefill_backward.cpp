@@ -92,7 +92,8 @@ Status mha_prefill_backward(const MhaPrefillBackwardArgs& args, void* workspace,
   if (shape.b == 0) return Status::ok();
 #if MLAKIT_WITH_CUDA
   return detail::dispatch_mha_backward(args, shape, detail::resolve_softmax_scale(args.softmax_scale, shape.d_qk),
-                                       layout, bulk_dq, /*hopper=*/dev.cc_major == 9, workspace, stream);
+                                       layout, bulk_dq, /*hopper=*/dev.cc_major == 9, dev.sm_count, workspace,
+                                       stream);
 #else
   (void)stream;
   return detail::built_without_cuda(kOp);

@@ -34,6 +34,9 @@ struct MhaBackwardParams : MhaPrefillParams {
   // zeroed by the preprocess (beside D) and converted after by its own kernel instead of the rows'.
   bool dq_tiled = false;
   int64_t dq_slots = 0;
+  // The device's SMs: the Hopper main kernel's launch order (common/mha_backward_walk.h,
+  // mha_backward_launch_group).
+  int sm_count = 0;
 };
 
 }  // namespace mlakit::detail

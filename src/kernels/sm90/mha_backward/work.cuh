@@ -18,19 +18,24 @@ struct BackwardWork : MhaBackwardWalk {
   int tiles = 0;                 // heads_per_kv * m_tiles, in the order (head, query tile)
 };
 
-// Grid (key tiles of max_seqlen_k, h_kv, b); in the deterministic mode x runs over the key
-// tiles backwards (as the portable kernel's): a key tile waits on the query tiles' counters only
-// for higher key tiles, which have lower block indices and never wait on it.
+// Grid (key tiles of max_seqlen_k, h_kv, b), launched in the order of mha_backward_block: the
+// (sequence, kv head) pairs in groups of about one wave of CTAs, key tile by key tile within a group
+// (backwards in the deterministic mode: a key tile waits on the query tiles' counters only for
+// higher key tiles, which have lower block indices and never wait on it).
 template <class C>
 __device__ __forceinline__ BackwardWork backward_work(const MhaBackwardParams& p) {
   BackwardWork w;
-  w.kv_head = static_cast<int>(blockIdx.y);
-  w.batch = static_cast<int>(blockIdx.z);
+  const int64_t linear = blockIdx.x + int64_t{gridDim.x} * (blockIdx.y + int64_t{gridDim.y} * blockIdx.z);
+  const int key_tiles = static_cast<int>(gridDim.x);
+  const MhaBackwardBlock block = mha_backward_block(linear, key_tiles, int64_t{gridDim.y} * gridDim.z,
+                                                    mha_backward_launch_group(key_tiles, p.sm_count), p.deterministic);
+  w.kv_head = static_cast<int>(block.pair % gridDim.y);
+  w.batch = static_cast<int>(block.pair / gridDim.y);
   w.q_begin = p.cu_seqlens_q[w.batch];
   w.q_len = p.cu_seqlens_q[w.batch + 1] - w.q_begin;
   w.k_begin = p.cu_seqlens_k[w.batch];
   w.k_len = p.cu_seqlens_k[w.batch + 1] - w.k_begin;
-  w.key_tile = p.deterministic ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+  w.key_tile = block.key_tile;
   static_cast<MhaBackwardWalk&>(w) =
       mha_backward_walk(w.q_len, w.k_len, p.max_seqlen_q, p.max_seqlen_k, p.total_q - w.q_begin,
                         p.total_k - w.k_begin, p.causal, w.key_tile, C::kBlockM, C::kBlockN);
