@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "common/mha_backward_walk.h"
 
@@ -99,6 +100,67 @@ TEST(MhaBackwardWalk, RandomSequences) {
     check(s);
     if (HasFatalFailure()) return;
   }
+}
+
+// The launch order covers every (key tile, pair) block once; a group of pairs runs key tile by
+// key tile (ascending, or from the last in the deterministic mode, where every block's
+// predecessor in its pair's chain, the next higher key tile, has a lower block index).
+void check_launch_order(int key_tiles, int64_t pairs, int group, bool reversed) {
+  SCOPED_TRACE(testing::Message() << key_tiles << " key tiles, " << pairs << " pairs, groups of " << group
+                                  << (reversed ? ", reversed" : ""));
+  const int64_t blocks = int64_t{key_tiles} * pairs;
+  std::vector<int64_t> index_of(static_cast<size_t>(blocks), -1);
+  for (int64_t linear = 0; linear < blocks; ++linear) {
+    const MhaBackwardBlock b = mha_backward_block(linear, key_tiles, pairs, group, reversed);
+    ASSERT_TRUE(b.key_tile >= 0 && b.key_tile < key_tiles && b.pair >= 0 && b.pair < pairs) << "block " << linear;
+    int64_t& seen = index_of[static_cast<size_t>(b.pair * key_tiles + b.key_tile)];
+    ASSERT_EQ(seen, -1) << "block " << linear << " repeats key tile " << b.key_tile << " of pair " << b.pair;
+    seen = linear;
+    // Pairs of one group: those of the same index / group.
+    EXPECT_EQ(b.pair / group, linear / (int64_t{group} * key_tiles)) << "block " << linear;
+  }
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    for (int n = 0; n + 1 < key_tiles; ++n) {
+      const int64_t lower = index_of[static_cast<size_t>(pair * key_tiles + n)];
+      const int64_t higher = index_of[static_cast<size_t>(pair * key_tiles + n + 1)];
+      if (reversed) {
+        EXPECT_LT(higher, lower) << "pair " << pair << ", key tile " << n;
+      } else {
+        EXPECT_LT(lower, higher) << "pair " << pair << ", key tile " << n;
+      }
+    }
+  }
+}
+
+TEST(MhaBackwardLaunchOrder, EveryBlockOnceInItsGroupsOrder) {
+  for (const bool reversed : {false, true}) {
+    for (const int key_tiles : {1, 2, 3, 32, 33}) {
+      for (const int64_t pairs : {1, 2, 5, 7, 128}) {
+        for (const int group : {1, 2, 4, 5, 200}) {
+          check_launch_order(key_tiles, pairs, group, reversed);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(MhaBackwardLaunchOrder, OneGroupPerPairIsTheGridOrder) {
+  // Groups of one pair: block x + key_tiles * pair, key tiles ascending (backwards if reversed).
+  for (int64_t linear = 0; linear < 5 * 7; ++linear) {
+    const MhaBackwardBlock b = mha_backward_block(linear, 5, 7, 1, false);
+    EXPECT_EQ(b.key_tile, linear % 5);
+    EXPECT_EQ(b.pair, linear / 5);
+    EXPECT_EQ(mha_backward_block(linear, 5, 7, 1, true).key_tile, 4 - linear % 5);
+  }
+}
+
+TEST(MhaBackwardLaunchOrder, GroupsHoldAboutOneWave) {
+  EXPECT_EQ(mha_backward_launch_group(32, 132), 4);    // s 4096: 128 CTAs a group
+  EXPECT_EQ(mha_backward_launch_group(128, 132), 1);   // s 16384: one pair's key tiles
+  EXPECT_EQ(mha_backward_launch_group(1000, 132), 1);  // more key tiles than SMs
+  EXPECT_EQ(mha_backward_launch_group(0, 132), 1);
+  EXPECT_EQ(mha_backward_launch_group(32, 0), 1);      // no SM count known
 }
 
 }  // namespace
