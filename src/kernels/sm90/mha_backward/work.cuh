@@ -18,19 +18,22 @@ struct BackwardWork : MhaBackwardWalk {
   int tiles = 0;                 // heads_per_kv * m_tiles, in the order (head, query tile)
 };
 
-// Grid (key tiles of max_seqlen_k, h_kv, b), launched in the order of mha_backward_block: the
-// (sequence, kv head) pairs in groups of about one wave of CTAs, key tile by key tile within a
-// group. The deterministic mode takes one pair at a time, from its last key tile: a key tile waits
-// on the query tiles' counters only for higher key tiles, which have lower block indices and
-// never wait on it, and a pair's chain of turns runs through CTAs launched together (wave-wide
-// groups made its causal cases 3-5% slower, session 17).
+// Grid (key tiles of max_seqlen_k, h_kv, b), launched in the order of mha_backward_block. Causal,
+// default mode: the (sequence, kv head) pairs in groups of about one wave of CTAs, key tile by key
+// tile within a group, so that the long walks (key tile 0 sees every query tile) start first
+// (b4 s4096 causal 1.5-2% faster, session 17). Otherwise one pair at a time, its key tiles in a
+// row: the walks are equally long without causal masking (groups won nothing there), and in the
+// deterministic mode a pair's key tiles run from the last one (a key tile waits on the query
+// tiles' counters only for higher key tiles, which have lower block indices and never wait on
+// it), its chain of turns through CTAs launched together (groups made its causal cases 3-5%
+// slower).
 template <class C>
 __device__ __forceinline__ BackwardWork backward_work(const MhaBackwardParams& p) {
   BackwardWork w;
   const int64_t linear = blockIdx.x + int64_t{gridDim.x} * (blockIdx.y + int64_t{gridDim.y} * blockIdx.z);
   const int key_tiles = static_cast<int>(gridDim.x);
   const MhaBackwardBlock block = mha_backward_block(linear, key_tiles, int64_t{gridDim.y} * gridDim.z,
-                                                    p.deterministic ? 1 : mha_backward_launch_group(key_tiles, p.sm_count),
+                                                    p.causal && !p.deterministic ? mha_backward_launch_group(key_tiles, p.sm_count) : 1,
                                                     p.deterministic);
   w.kv_head = static_cast<int>(block.pair % gridDim.y);
   w.batch = static_cast<int>(block.pair / gridDim.y);
