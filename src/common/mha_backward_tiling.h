@@ -95,15 +95,17 @@ inline int mha_backward_smem_bytes(int d_qk, int d_v, bool bulk_dq) {
 }
 
 // Head dims the Hopper main kernel serves (src/kernels/sm90/launch.h adds the grid's limits).
+// d 256's dK and dV (256 accumulators a thread) do not fit its consumers' registers.
 MLAKIT_HD constexpr bool mha_backward_hopper_dims(int d_qk, int d_v) {
-  return (d_qk == 128 || d_qk == 192) && d_v == 128;
+  return ((d_qk == 128 || d_qk == 192) && d_v == 128) || (d_qk == 64 && d_v == 64);
 }
 
 // The Hopper main kernel's query tiles: 64 rows at every head dim it serves (one m64 wgmma of
 // dQ per tile; at d_qk 192 it computes the scores over two 32-row halves instead).
 inline constexpr int kMhaBackwardSm90QueryRows = 64;
 // Its tiles index the deterministic counters, which are sized by the portable kernel's tiles.
-static_assert(kMhaBackwardSm90QueryRows >= mha_backward_query_rows(128) &&
+static_assert(kMhaBackwardSm90QueryRows >= mha_backward_query_rows(64) &&
+                  kMhaBackwardSm90QueryRows >= mha_backward_query_rows(128) &&
                   kMhaBackwardSm90QueryRows >= mha_backward_query_rows(192),
               "the Hopper kernel's query tiles are never shorter than the counters' (a prefix of each row)");
 
@@ -126,11 +128,18 @@ MLAKIT_HD constexpr int64_t mha_backward_dq_slot(int64_t first_row, int64_t sequ
 MLAKIT_HD constexpr int64_t mha_backward_dq_block(int64_t slot, int64_t head, int h_q, int d_qk) {
   return (slot * h_q + head) * kMhaBackwardSm90QueryRows * d_qk;
 }
+// dQ columns of a slot part's main accumulator: a 64-column K slab (d_qk 128, 192), or half
+// of the one slab at d_qk 64.
+MLAKIT_HD constexpr int mha_backward_dq_main_columns(int d_qk) { return d_qk / 2 < 64 ? d_qk / 2 : 64; }
+
 // The dQ column of a slot part's column c (0 .. d_qk / 2 - 1; c = acc_col of the register's
-// index within the part): consumer `part` computes K slab `part` (64 columns) and, at d_qk
-// 192, the half `part` of slab 2 (32 columns) as a second accumulator after the first.
-MLAKIT_HD constexpr int mha_backward_dq_part_column(int part, int c) {
-  return c < 64 ? 64 * part + c : 64 + 32 * part + c;
+// index within the part): consumer `part` computes the main columns `part` (K slab `part`, or
+// at d_qk 64 half `part` of slab 0) and, at d_qk 192, the half `part` of slab 2 (32 columns)
+// as a second accumulator after the first.
+MLAKIT_HD constexpr int mha_backward_dq_part_column(int d_qk, int part, int c) {
+  const int main = mha_backward_dq_main_columns(d_qk);
+  const int tail = d_qk / 2 - main;
+  return c < main ? main * part + c : 2 * main + tail * part + (c - main);
 }
 
 // Every sequence takes whole slots, so many short ones multiply the accumulator (b 8192

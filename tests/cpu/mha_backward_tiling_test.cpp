@@ -36,13 +36,13 @@ TEST(MhaBackwardTiling, WorkspaceOfTheWorkedExample) {
 }
 
 // The slot parts' columns: consumer g holds K slab g (64 columns) and, at d_qk 192, half g of
-// slab 2; together the two parts hold every column once.
+// slab 2 (at d_qk 64, half g of the one slab); together the two parts hold every column once.
 TEST(MhaBackwardTiling, DqPartsCoverEveryColumnOnce) {
-  for (int d_qk : {128, 192}) {
+  for (int d_qk : {64, 128, 192}) {
     std::vector<int> seen(static_cast<size_t>(d_qk), 0);
     for (int part = 0; part < 2; ++part) {
       for (int c = 0; c < d_qk / 2; ++c) {
-        const int col = mha_backward_dq_part_column(part, c);
+        const int col = mha_backward_dq_part_column(d_qk, part, c);
         ASSERT_GE(col, 0);
         ASSERT_LT(col, d_qk) << "d_qk " << d_qk << " part " << part << " c " << c;
         ++seen[static_cast<size_t>(col)];
@@ -50,9 +50,12 @@ TEST(MhaBackwardTiling, DqPartsCoverEveryColumnOnce) {
     }
     for (int col = 0; col < d_qk; ++col) EXPECT_EQ(seen[static_cast<size_t>(col)], 1) << "d_qk " << d_qk << " col " << col;
   }
-  EXPECT_EQ(mha_backward_dq_part_column(0, 64), 128);
-  EXPECT_EQ(mha_backward_dq_part_column(1, 64), 160);
-  EXPECT_EQ(mha_backward_dq_part_column(1, 63), 127);
+  EXPECT_EQ(mha_backward_dq_part_column(192, 0, 64), 128);
+  EXPECT_EQ(mha_backward_dq_part_column(192, 1, 64), 160);
+  EXPECT_EQ(mha_backward_dq_part_column(192, 1, 63), 127);
+  EXPECT_EQ(mha_backward_dq_part_column(128, 1, 0), 64);
+  EXPECT_EQ(mha_backward_dq_part_column(64, 1, 0), 32);
+  EXPECT_EQ(mha_backward_dq_part_column(64, 0, 31), 31);
 }
 
 // Slots of the Hopper kernel's dq_accum: every query tile of every sequence gets its own, all

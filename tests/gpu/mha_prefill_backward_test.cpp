@@ -280,8 +280,8 @@ bool all_poisoned(const DeviceBackwardCase& d) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The sweep: every case in both modes with kAuto, kPortable and kSm90 (d (128, 128) and
-// (192, 128); refused otherwise), three calls each.
+// The sweep: every case in both modes with kAuto, kPortable and kSm90 (d (64, 64), (128, 128)
+// and (192, 128); refused otherwise), three calls each.
 
 using SweepParam = std::tuple<BackwardCase, bool, MlaKernel>;
 
@@ -529,11 +529,20 @@ TEST(MhaPrefillBackwardValidation, WorkspaceAndOptions) {
     std::size_t unused = 0;
     s = mha_prefill_backward_workspace_size(a, &unused);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "size query, kernel 7: " << s.to_string();
-    a.kernel = MlaKernel::kSm90;  // d 64: the Hopper backward serves d 128 only (and Hopper only)
-    s = mha_prefill_backward(a, d.workspace.get(), d.workspace.bytes(), nullptr);
-    EXPECT_EQ(s.code(), is_hopper() ? StatusCode::kUnsupported : StatusCode::kUnsupportedArchitecture)
-        << s.to_string();
-    EXPECT_TRUE(message_names_argument(s.message(), "kernel")) << s.message();
+    {
+      // d 256: the Hopper backward serves d 64, 128 and 192 / 128 only (and Hopper only).
+      Spec wide_spec = mha_backward_spec({{5, 9}, {7, 9}}, 2, 1, 256, 256, true);
+      wide_spec.problem.seed = 43;
+      const HostMhaBackwardCase wide_case = support::make_mha_backward_case(wide_spec);
+      DeviceBackwardCase wide(wide_case, deterministic, MlaKernel::kSm90);
+      s = mha_prefill_backward(wide.args, wide.workspace.get(), wide.workspace.bytes(), nullptr);
+      EXPECT_EQ(s.code(), is_hopper() ? StatusCode::kUnsupported : StatusCode::kUnsupportedArchitecture)
+          << s.to_string();
+      EXPECT_TRUE(message_names_argument(s.message(), "kernel")) << s.message();
+      MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+      EXPECT_TRUE(all_poisoned(wide)) << "the refused d 256 call wrote a gradient";
+    }
+    a.kernel = MlaKernel::kAuto;
     a.lse = TensorRef{};
     s = mha_prefill_backward(a, d.workspace.get(), d.workspace.bytes(), nullptr);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "no lse: " << s.to_string();
@@ -636,7 +645,7 @@ TEST(MhaPrefillBackwardValidation, EmptyProblems) {
   // Non-zero token strides for the tensors without heads.
   no_heads.problem.q_pad.token_pad = no_heads.problem.out_pad.token_pad = 8;
   no_heads.dout_pad.token_pad = no_heads.dq_pad.token_pad = 8;
-  Spec no_heads_128 = no_heads;  // the same at d 128, which the Hopper kernel serves too
+  Spec no_heads_128 = no_heads;  // the same at d 128
   no_heads_128.problem.d_qk = no_heads_128.problem.d_v = 128;
   const std::pair<const char*, Spec> cases[] = {
       {"b = 0", no_batch}, {"total_q = 0", no_rows}, {"h_q = 0", no_heads}, {"h_q = 0, d 128", no_heads_128}};
@@ -648,7 +657,8 @@ TEST(MhaPrefillBackwardValidation, EmptyProblems) {
     const MhaBackwardReference ref = support::run_mha_backward_reference(c);
     for (bool deterministic : {false, true}) {
       for (MlaKernel kernel : {MlaKernel::kAuto, MlaKernel::kPortable, MlaKernel::kSm90}) {
-        const bool sm90_serves = is_hopper() && spec.problem.d_qk == 128 && spec.problem.d_v == 128;
+        const bool sm90_serves =
+            is_hopper() && mlakit::detail::mha_backward_hopper_dims(spec.problem.d_qk, spec.problem.d_v);
         if (kernel == MlaKernel::kSm90 && !sm90_serves) continue;  // refusals: the sweep's and WorkspaceAndOptions'
         DeviceBackwardCase d(c, deterministic, kernel);
         for (int call = 0; call < 2; ++call) {

@@ -11,7 +11,7 @@
 // call 0.
 //
 // Backward (Stress/MhaPrefillBackward.RepeatedCallsAreCorrect/{deterministic,default} on kernel
-// kAuto, {deterministic,default}_sm90 on kSm90 with d (128, 128) and (192, 128) cases): dq, dk, dv and every
+// kAuto, {deterministic,default}_sm90 on kSm90 with d (64, 64), (128, 128) and (192, 128) cases): dq, dk, dv and every
 // workspace byte are 0xFF before each call. Deterministic mode: call 0 is checked against the float64 reference (SPEC section 8, backward rule) and every later call
 // bit for bit against call 0; default mode: every call is checked against the reference (the
 // order of the float32 sums may vary, so equal bits are not required).
@@ -252,7 +252,7 @@ std::vector<BackwardSpec> backward_coverage_cases() {
   return c;
 }
 
-// hopper: head dims the Hopper kernel serves ((192, 128) where drawn, (128, 128) otherwise).
+// hopper: head dims the Hopper kernel serves ((64, 64) or (192, 128) where drawn, (128, 128) otherwise).
 BackwardSpec random_backward_case(int index, bool hopper) {
   CaseRng r(kBackwardSalt, index);
   BackwardSpec b = backward_of(random_problem(r));

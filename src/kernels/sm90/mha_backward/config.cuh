@@ -5,8 +5,9 @@
 // (kBlockM = 64 rows) of every query head of its group that sees them: dK and dV of its keys
 // stay in registers (two consumer warpgroups, 64 keys each), dQ of each query tile is added
 // into the float32 accumulator of the workspace (common/mha_backward_tiling.h). Head dims
-// (d_qk, d_v) = (128, 128) and (192, 128); at d_qk 192 the 96 + 64 dK / dV accumulators leave
-// room for the scores of half a tile only (two 32-row halves) and for one dS buffer.
+// (d_qk, d_v) = (64, 64), (128, 128) and (192, 128); at d_qk 192 the 96 + 64 dK / dV
+// accumulators leave room for the scores of half a tile only (two 32-row halves) and for one
+// dS buffer.
 #pragma once
 
 #include <cstdint>
@@ -53,25 +54,33 @@ struct Config {
   // dS buffers: two, by tile parity, so a consumer stores the next tile's dS while the other's
   // dQ product may still read this one's; at d_qk 192 one (shared memory), freed by ds_empty.
   static constexpr int kDsBuffers = kDqk > 128 ? 1 : 2;
-  // dQ columns per consumer g: K slab g (the main accumulator, 64 columns) and, at d_qk 192,
-  // half g of slab 2 (the tail, 32 columns): mha_backward_dq_part_column.
-  static constexpr int kDqMainCols = kSlabCols;
-  static constexpr int kDqTailCols = (kDqk - kConsumers * kSlabCols) / kConsumers;
+  // dQ columns per consumer g: K slab g (the main accumulator, 64 columns; at d_qk 64 half g
+  // of the one slab, 32 columns) and, at d_qk 192, half g of slab 2 (the tail, 32 columns):
+  // mha_backward_dq_part_column.
+  static constexpr int kDqMainCols = mha_backward_dq_main_columns(kDqk);
+  static constexpr int kDqTailCols = (kDqk - kConsumers * kDqMainCols) / kConsumers;
+  // Byte offset in sm.k of consumer g's main dQ columns (the B operand of its dQ product).
+  static constexpr uint32_t dq_main_cols_offset(int g) {
+    return g * kDqMainCols / kSlabCols * kKvSlabBytes + g * kDqMainCols % kSlabCols * 2;
+  }
   static constexpr int kDqCols = kDqMainCols + kDqTailCols;
   // dQ staging per consumer: its kBlockM x kDqCols float32 accumulators in fragment order, as
   // its part of the tile's dq_accum slot (common/mha_backward_tiling.h): one bulk reduction
   // adds both parts.
   static constexpr int kDqStageBytes = kBlockM * kDqCols * 4;
 
-  static_assert(mha_backward_hopper_dims(kDqk, kDv) && kDv == kConsumers * kSlabCols,
-                "this kernel serves d (128, 128) and (192, 128) (the portable one the rest)");
+  static_assert(mha_backward_hopper_dims(kDqk, kDv) && kDqk % kSlabCols == 0 && kDv % kSlabCols == 0,
+                "this kernel serves d (64, 64), (128, 128) and (192, 128) (the portable one the rest)");
   static_assert(kBlockM == 64, "one m64 wgmma of dQ per query tile");
   static_assert(kHalfRows % 16 == 0, "whole k16 steps of dV, dK per half");
   static_assert(kDqTailCols == 0 || kDqTailCols == 32, "the tail is half a slab (d_qk 192)");
+  static_assert(kDqMainCols == kSlabCols || kDqMainCols == kSlabCols / 2, "whole or half slabs: n64 or n32");
   static_assert(kDqCols * kConsumers == kDqk, "the consumers' parts make the slot's block");
-  static_assert(mha_backward_dq_part_column(1, kDqMainCols - 1) == 2 * kSlabCols - 1 &&
-                    (kDqTailCols == 0 || mha_backward_dq_part_column(1, kDqMainCols) == kConsumers * kSlabCols +
-                                                                                           kDqTailCols),
+  static_assert(mha_backward_dq_part_column(kDqk, 1, 0) ==
+                        dq_main_cols_offset(1) / kKvSlabBytes * kSlabCols + dq_main_cols_offset(1) % kKvSlabBytes / 2 &&
+                    mha_backward_dq_part_column(kDqk, 1, kDqMainCols - 1) == 2 * kDqMainCols - 1 &&
+                    (kDqTailCols == 0 || mha_backward_dq_part_column(kDqk, 1, kDqMainCols) == kConsumers * kSlabCols +
+                                                                                                   kDqTailCols),
                 "the slot parts' columns (mha_backward_dq_part_column) are the ones the consumers compute");
 };
 

@@ -5,9 +5,9 @@
 //   P^T  = exp2(S^T scale_log2 - lse2[query]),   dS^T = P^T (dP^T - D[query])   (masked)
 //   dS  -> shared memory as [query][key]          (both consumers; barrier before dQ)
 //   dV  += P^T dO,  dK += dS^T Q                 (RS, m64 n d, from registers)
-//   dQ   = dS K, this consumer's columns         (SS, m64 n64 (+ n32 at d_qk 192), all 128 keys)
+//   dQ   = dS K, this consumer's columns         (SS, m64 n64 (n32 at d 64, + n32 at d_qk 192), all 128 keys)
 //   dQ  -> staging -> the writer's bulk reduction into the tile's dq_accum slot (float32)
-// At d 128 the order is dV, dQ, dK: dQ is staged while dK runs (the default mode; the
+// At d 64 and 128 the order is dV, dQ, dK: dQ is staged while dK runs (the default mode; the
 // deterministic one waits for dK and frees the stage first). At d_qk 192 everything above dQ
 // runs per 32-query half of the tile (n32 scores), so that the scores fit beside the 96 + 64
 // dK / dV accumulators.
@@ -35,7 +35,7 @@ class Consumer {
   static constexpr int kSRegs = C::kHalfRows / 2;  // S^T, dP^T of a half: m64 n kHalfRows
   static constexpr int kKRegs = C::kDqk / 2;       // dK: m64 n d_qk
   static constexpr int kVRegs = C::kDv / 2;        // dV: m64 n d_v
-  static constexpr int kQRegs = C::kDqMainCols / 2;                // dQ, K slab g: m64 n64
+  static constexpr int kQRegs = C::kDqMainCols / 2;                // dQ, K slab g: m64 n64 (n32 at d 64)
   static constexpr bool kDqTail = C::kDqTailCols > 0;              // d_qk 192
   static constexpr int kQTailRegs = kDqTail ? C::kDqTailCols / 2 : 1;  // dQ, half g of slab 2: m64 n32
   static constexpr int kQuerySteps = C::kHalfRows / 16;  // k16 steps of dV, dK per half
@@ -63,7 +63,7 @@ class Consumer {
   using MmaS = dev::Wgmma<C::kHalfRows, Elem>;     // S^T, dP^T
   using MmaK = dev::Wgmma<C::kDqk, Elem>;          // dK
   using MmaV = dev::Wgmma<C::kDv, Elem>;           // dV
-  using MmaQ = dev::Wgmma<C::kDqMainCols, Elem>;   // dQ, K slab g
+  using MmaQ = dev::Wgmma<C::kDqMainCols, Elem>;   // dQ, K slab g (half g of slab 0 at d 64)
   using MmaQTail = dev::Wgmma<kDqTail ? C::kDqTailCols : 32, Elem>;  // dQ, half g of slab 2
   using Ops = device::ElemOps<Elem>;
 
@@ -111,7 +111,7 @@ class Consumer {
     dev::named_barrier_sync(kDsBarrier, kBothThreads);  // both consumers' dS slabs written
 
     float dq[kQRegs];
-    query_product<MmaQ>(dq, buffer, dev::smem_u32(&sm_.k[g_][0]));
+    query_product<MmaQ>(dq, buffer, dev::smem_u32(&sm_.k[0][0]) + C::dq_main_cols_offset(g_));
     if constexpr (C::kHalves == 1) {
       // dK after dQ: dQ is staged while dK runs (in the default mode; in the deterministic one
       // the writer's turn may keep dq_empty waiting, and the stage's Q, dO are released first).
@@ -281,7 +281,7 @@ class Consumer {
     }
   }
 
-  // d 128: waits for the tile's dK product (the last one in flight) and releases the stage.
+  // d 64, 128: waits for the tile's dK product (the last one in flight) and releases the stage.
   __device__ void finish_key_product(float (&dk)[kKRegs], uint32_t (&dsfrag)[kQuerySteps][4], int stage) {
     dev::wgmma_wait<0>();
     dev::fence_registers(dk);
@@ -290,9 +290,10 @@ class Consumer {
   }
 
   // dQ columns = dS K over all 128 keys: A = dS [query][key] (K-major, a slab per 64 keys), B =
-  // K as N-major (rows = keys) from `k_cols`: slab g's 64 columns (Mma n64) or, at d_qk 192,
-  // the 32 of half g of slab 2 (Mma n32; a start 64 bytes into the swizzled rows for g = 1:
-  // n32 stays inside the 128-byte rows, so the swizzle applies as to a k-step's offset).
+  // K as N-major (rows = keys) from `k_cols`: slab g's 64 columns (Mma n64) or the 32 of half
+  // g of a slab (Mma n32: slab 0 at d 64, slab 2 at d_qk 192; a start 64 bytes into the
+  // swizzled rows for g = 1: n32 stays inside the 128-byte rows, so the swizzle applies as to
+  // a k-step's offset).
   template <class Mma, int kRegs>
   __device__ void query_product(float (&dq)[kRegs], int buffer, uint32_t k_cols) {
     const uint64_t ds_desc = dev::opaque_desc(dev::make_sw128_desc(dev::smem_u32(&sm_.ds[buffer][0][0]), 16, 1024));

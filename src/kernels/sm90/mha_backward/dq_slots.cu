@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) mha_backward_sm90_dq_convert_kernel(
 #pragma unroll
     for (int i = 0; i < kPartCols / 2; i += 2) {
       const float2 x = acc[(i / 2) * dev::kWarpgroupThreads + t];
-      const int col = mha_backward_dq_part_column(part, dev::acc_col(t, i));
+      const int col = mha_backward_dq_part_column(kDqk, part, dev::acc_col(t, i));
       *reinterpret_cast<uint32_t*>(&tile[dev::acc_row(t, i) * kRowElems + col]) =
           Ops::pack(x.x * p.softmax_scale, x.y * p.softmax_scale);
     }
@@ -94,7 +94,9 @@ cudaError_t launch_mha_backward_sm90_dq_convert(const MhaBackwardParams& p, cuda
   if (p.dq_slots == 0 || p.h_q == 0 || p.b == 0) return cudaSuccess;  // no dq row
   const int64_t work = (int64_t{p.max_seqlen_q} + kRows - 1) / kRows * p.h_q;
   const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(work, 1, kMaxBlocksX)), static_cast<unsigned>(p.b));
-  if (p.d_qk == 128) {
+  if (p.d_qk == 64) {
+    mha_backward_sm90_dq_convert_kernel<Elem, 64><<<grid, kThreads, 0, stream>>>(p);
+  } else if (p.d_qk == 128) {
     mha_backward_sm90_dq_convert_kernel<Elem, 128><<<grid, kThreads, 0, stream>>>(p);
   } else if (p.d_qk == 192) {
     mha_backward_sm90_dq_convert_kernel<Elem, 192><<<grid, kThreads, 0, stream>>>(p);

@@ -1,6 +1,6 @@
 // The dQ writer of the Hopper MHA backward (lane 0 of the producer warpgroup's second warp):
 // adds each query tile's dQ, staged by both consumers in fragment order, into the tile's
-// dq_accum slot (common/mha_backward_tiling.h) with one bulk reduction of 64 x d_qk floats (32
+// dq_accum slot (common/mha_backward_tiling.h) with one bulk reduction of 64 x d_qk floats (16, 32
 // or 48 KiB; the two consumers' parts are adjacent in the staging and in the slot).
 //
 // The consumers only stage and arrive (dq_full); waiting for the add to have read the staging,

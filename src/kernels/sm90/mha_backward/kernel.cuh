@@ -61,6 +61,9 @@ namespace mlakit::detail {
 template <typename Elem>
 cudaError_t launch_mha_backward_sm90(const MhaBackwardParams& params, const MhaBackwardMaps& maps,
                                      cudaStream_t stream) {
+  if (params.d_qk == 64 && params.d_v == 64) {
+    return mha_bwd_sm90::launch<mha_bwd_sm90::Config<64, 64>, Elem>(params, maps, stream);
+  }
   if (params.d_qk == 128 && params.d_v == 128) {
     return mha_bwd_sm90::launch<mha_bwd_sm90::Config<128, 128>, Elem>(params, maps, stream);
   }
