@@ -141,6 +141,11 @@ void pad_all_views(MhaBackwardSpec* spec) {
   spec->dv_pad = {.offset = 0, .head_pad = 8, .token_pad = 8};
 }
 
+bool tma_copied_rows_aligned(const MhaBackwardSpec& spec) {
+  auto whole = [](const MhaViewPad& p) { return p.offset % 8 == 0 && p.head_pad % 8 == 0 && p.token_pad % 8 == 0; };
+  return whole(spec.problem.q_pad) && whole(spec.problem.k_pad) && whole(spec.problem.v_pad) && whole(spec.dout_pad);
+}
+
 void align4_all_views(MhaBackwardSpec* spec) {
   spec->problem.q_pad = {.offset = 2, .head_pad = 2, .token_pad = 0};
   spec->problem.k_pad = {.offset = 0, .head_pad = 0, .token_pad = 2};

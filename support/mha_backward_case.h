@@ -64,6 +64,10 @@ void pad_all_views(MhaBackwardSpec* spec);
 // the device entry takes).
 void align4_all_views(MhaBackwardSpec* spec);
 
+// Whether the views the Hopper backward copies by TMA (q, k, v, dout) have 16-byte rows (whole
+// 8-element offsets and strides); it refuses the others, naming the tensor.
+bool tma_copied_rows_aligned(const MhaBackwardSpec& spec);
+
 // One line naming the spec's fields (for failure messages).
 std::string describe(const MhaBackwardSpec& spec);
 

@@ -285,13 +285,6 @@ bool all_poisoned(const DeviceBackwardCase& d) {
 
 using SweepParam = std::tuple<BackwardCase, bool, MlaKernel>;
 
-// The Hopper kernel copies q, k, v and dout by TMA, which needs 16-byte rows (offsets and
-// strides in whole 8-element steps); it refuses other layouts, naming the tensor.
-bool tma_rows(const Spec& s) {
-  auto whole = [](const MhaViewPad& p) { return p.offset % 8 == 0 && p.head_pad % 8 == 0 && p.token_pad % 8 == 0; };
-  return whole(s.problem.q_pad) && whole(s.problem.k_pad) && whole(s.problem.v_pad) && whole(s.dout_pad);
-}
-
 class MhaPrefillBackwardSweep : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(MhaPrefillBackwardSweep, MatchesReferenceAndDeterministicModeRepeatsBitwise) {
@@ -305,7 +298,7 @@ TEST_P(MhaPrefillBackwardSweep, MatchesReferenceAndDeterministicModeRepeatsBitwi
   DeviceBackwardCase d(p.c, deterministic, kernel);
   const auto& spec = bc.spec.problem;
   const bool served_dims = mlakit::detail::mha_backward_hopper_dims(spec.d_qk, spec.d_v);
-  if (kernel == MlaKernel::kSm90 && (!served_dims || !tma_rows(bc.spec))) {
+  if (kernel == MlaKernel::kSm90 && (!served_dims || !support::tma_copied_rows_aligned(bc.spec))) {
     // The Hopper kernel serves d (128, 128) and (192, 128) over 16-byte rows: other head dims
     // are refused naming `kernel`, other rows naming the tensor and the alignment (the
     // validation tests name each), before anything is written.

@@ -316,7 +316,10 @@ TEST_P(MhaPrefillBackward, RepeatedCallsAreCorrect) {
   stress::Tally tally("MHA prefill backward", mode.c_str(), /*planned=*/false);
   for (int i = 0; i < stress::knobs().cases; ++i) {
     const BackwardSpec spec = i < static_cast<int>(coverage.size()) ? coverage[i] : random_backward_case(i, sm90);
-    if (sm90 && !mlakit::detail::mha_backward_hopper_dims(spec.problem.d_qk, spec.problem.d_v)) continue;  // refused: the sweep checks that
+    if (sm90 && (!mlakit::detail::mha_backward_hopper_dims(spec.problem.d_qk, spec.problem.d_v) ||
+                 !support::tma_copied_rows_aligned(spec))) {
+      continue;  // refused: the sweep checks that
+    }
     run_backward_case(spec, "case " + std::to_string(i) + " (" + support::describe(spec) + ")", deterministic, kernel,
                       &tally);
     if (HasFatalFailure() || tally.failed_cases() >= stress::kMaxFailedCases) break;
