@@ -90,8 +90,8 @@ Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefil
       mha_sm90_backward_supported(shape.d_qk, shape.d_v, shape.h_kv, static_cast<int>(std::min<int64_t>(shape.b, 65536)));
   if (required && !served) {
     return Status(StatusCode::kUnsupported,
-                  std::string(kOp) + ": kernel: kSm90 serves (d_qk, d_v) = (128, 128) and (192, 128), h_kv and b up to 65535, and batches " +
-                      "whose 64-row query tiles per sequence take at most twice the rows' dQ accumulator or 64 MiB " +
+                  std::string(kOp) + ": kernel: kSm90 serves (d_qk, d_v) = (64, 64), (128, 128) and (192, 128), h_kv and b up to " +
+                      "65535, and batches whose 64-row query tiles per sequence take at most twice the rows' dQ accumulator or 64 MiB " +
                       "(got d (" + std::to_string(shape.d_qk) + ", " + std::to_string(shape.d_v) + "), h_kv " +
                       std::to_string(shape.h_kv) + ", b " + std::to_string(shape.b) + ", total_q " +
                       std::to_string(shape.total_q) + "): expected kAuto or kPortable");

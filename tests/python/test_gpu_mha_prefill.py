@@ -391,8 +391,8 @@ def test_a_cuda_graph_replayed_with_new_lengths_matches_eager():
 
 # ---- the backward ------------------------------------------------------------------------------
 
-# 'sm90': the Hopper main kernel (d 128; other head dims are refused, naming the kernel);
-# 'auto' runs it where it serves the problem.
+# 'sm90': the Hopper main kernel (d (64, 64), (128, 128), (192, 128); other head dims are
+# refused, naming the kernel); 'auto' runs it where it serves the problem.
 BACKWARD_KERNELS = ["auto", "portable"] + (["sm90"] if HOPPER else [])
 
 
@@ -450,8 +450,9 @@ def raw_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, 
 @pytest.mark.parametrize("d_qk,d_v", PAIRS)
 def test_backward_matches_the_cpu_reference(d_qk, d_v, causal, kernel):
     q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(400 + d_qk + d_v + causal, d_qk, d_v, causal)
-    if kernel == "sm90" and (d_qk, d_v) not in ((128, 128), (192, 128)):
-        with pytest.raises(ValueError, match=r"^mha_prefill_backward: kernel: kSm90 serves \(d_qk, d_v\) = \(128, 128\)"):
+    if kernel == "sm90" and (d_qk, d_v) not in ((64, 64), (128, 128), (192, 128)):
+        with pytest.raises(ValueError,
+                           match=r"^mha_prefill_backward: kernel: kSm90 serves \(d_qk, d_v\) = \(64, 64\), \(128, 128\)"):
             mlakit.mha_prefill_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK), causal=causal,
                                         kernel=kernel)
         return
@@ -519,19 +520,20 @@ def test_backward_rows_outside_every_sequence_are_neither_read_nor_written():
 
 
 def test_backward_auto_runs_the_kernel_that_serves_the_problem():
-    """Deterministic mode, bitwise: 'auto' equals 'portable' at d 64 (no Hopper kernel there:
-    'sm90' is refused), and at d 128 equals 'sm90' on a Hopper GPU ('portable' elsewhere)."""
+    """Deterministic mode, bitwise: 'auto' equals 'portable' at d 256 (no Hopper kernel there:
+    'sm90' is refused), and at d 64 and 128 equals 'sm90' on a Hopper GPU ('portable' elsewhere)."""
     def rows_of(d, kernel, seed):
         q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(seed, d, d, True)
         args = (dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK))
         return sequence_rows(mlakit.mha_prefill_backward(*args, causal=True, deterministic=True, kernel=kernel),
                              cu_q, cu_k)
 
-    for d, chosen in ((64, "portable"), (128, "sm90" if HOPPER else "portable")):
+    hopper = "sm90" if HOPPER else "portable"
+    for d, chosen in ((256, "portable"), (64, hopper), (128, hopper)):
         assert all(torch.equal(a, b) for a, b in zip(rows_of(d, "auto", 450 + d), rows_of(d, chosen, 450 + d))), d
-    q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(450, 64, 64, True)
+    q, k, v, cu_q, cu_k, out, lse, dout = forward_and_dout(450, 256, 256, True)
     args = (dout, q, k, v, out, lse, cu_q, cu_k, max(LQ), max(LK))
-    with pytest.raises(ValueError, match="kernel"):  # the Hopper backward serves d (128, 128), (192, 128) only
+    with pytest.raises(ValueError, match="kernel"):  # the Hopper backward serves d (64, 64), (128, 128), (192, 128)
         mlakit.mha_prefill_backward(*args, causal=True, kernel="sm90")
     with pytest.raises(ValueError, match="^mha_prefill_backward: kernel: expected"):
         mlakit.mha_prefill_backward(*args, kernel="hopper")
