@@ -232,10 +232,10 @@ def mlakit_mha_backward_runner(side: str, api: Any, x: Inputs) -> Runner:
     out, lse = mk.mha_prefill(q, k, v, cu, cu, n, n, None, causal)
     deterministic = side.endswith("_deterministic")
     # Sides mlakit_sm90[_deterministic] (not in the family's default sides: --sides): the Hopper
-    # main kernel, which serves d 128 only (other cases: not supported).
+    # main kernel, which serves d (64, 64), (128, 128) and (192, 128) (other cases: not supported).
     kernel = "sm90" if side.startswith("mlakit_sm90") else "auto"
-    if kernel == "sm90" and (q.shape[-1] != 128 or v.shape[-1] != 128):
-        raise SideUnsupported(f"{side}: the Hopper backward serves d 128 only")
+    if kernel == "sm90" and (q.shape[-1], v.shape[-1]) not in ((64, 64), (128, 128), (192, 128)):
+        raise SideUnsupported(f"{side}: the Hopper backward serves d (64, 64), (128, 128) and (192, 128)")
 
     def call() -> Any:
         return mk.mha_prefill_backward(t["dout_rows"], q, k, v, out, lse, cu, cu, n, n, causal=causal,

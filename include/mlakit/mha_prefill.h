@@ -105,7 +105,7 @@ struct MhaPrefillBackwardArgs {
   TensorRef dq;  // [total_q, h_q, d_qk] q's dtype (the reference also takes float32)
   TensorRef dk;  // [total_k, h_kv, d_qk] q's dtype (the reference also takes float32)
   TensorRef dv;  // [total_k, h_kv, d_v]  q's dtype (the reference also takes float32)
-  // kSm90: the Hopper main kernel ((d_qk, d_v) = (128, 128) and (192, 128) on compute
+  // kSm90: the Hopper main kernel ((d_qk, d_v) = (64, 64), (128, 128) and (192, 128) on compute
   // capability 9.x, both modes; kUnsupported naming `kernel` for other head dims,
   // kInvalidArgument naming the tensor when q, k, v or dout rows are not 16-byte aligned);
   // kPortable: the portable kernels (every GPU of compute capability 8.0 or newer); kAuto: the
@@ -114,7 +114,7 @@ struct MhaPrefillBackwardArgs {
 };
 
 // On the GPU: mha_prefill_backward_workspace_size, allocate that many bytes of device memory
-// (it holds dq's float32 accumulator: [total_q, h_q, d_qk], at d (128, 128) and (192, 128)
+// (it holds dq's float32 accumulator: [total_q, h_q, d_qk], at d (64, 64), (128, 128) and (192, 128)
 // as many 64-row query tiles as total_q / 64 + b for the Hopper kernel; D = rowsum(dout *
 // out) [h_q, total_q]; and in the deterministic mode one ordering counter per (sequence,
 // query head, query tile)),

@@ -100,7 +100,7 @@ def mha_prefill_backward(
     ``deterministic`` (device arrays): bitwise-identical gradients from run to run (without
     it the order of the kernels' float32 accumulation may vary). ``kernel`` (device arrays):
     'portable' (the portable kernels, on any GPU of compute capability 8.0+), 'sm90' (the
-    Hopper main kernel: (d_qk, d_v) = (128, 128) or (192, 128) with 16-byte rows of q, k, v and dout, else an error
+    Hopper main kernel: (d_qk, d_v) = (64, 64), (128, 128) or (192, 128) with 16-byte rows of q, k, v and dout, else an error
     saying why), 'auto' (the Hopper kernel where 'sm90' would run, else the portable ones).
     Host arrays run the float64 CPU reference (deterministic; it ignores both, and checks the
     prefix sums' values); device arrays the GPU kernels on the current stream, with a workspace

@@ -299,7 +299,7 @@ TEST_P(MhaPrefillBackwardSweep, MatchesReferenceAndDeterministicModeRepeatsBitwi
   const auto& spec = bc.spec.problem;
   const bool served_dims = mlakit::detail::mha_backward_hopper_dims(spec.d_qk, spec.d_v);
   if (kernel == MlaKernel::kSm90 && (!served_dims || !support::tma_copied_rows_aligned(bc.spec))) {
-    // The Hopper kernel serves d (128, 128) and (192, 128) over 16-byte rows: other head dims
+    // The Hopper kernel serves d (64, 64), (128, 128) and (192, 128) over 16-byte rows: other head dims
     // are refused naming `kernel`, other rows naming the tensor and the alignment (the
     // validation tests name each), before anything is written.
     d.poison();
@@ -554,7 +554,8 @@ TEST(MhaPrefillBackwardValidation, WorkspaceAndOptions) {
 // Every tensor the kernels move in 16-bit pairs, one at a time: rows not 4-byte aligned (base 1
 // element past, or an odd head / token stride) are an error naming the tensor and the
 // alignment, and nothing is written; rows aligned to 4 bytes but not 16 run on kAuto and
-// kPortable and are correct.
+// kPortable (and kSm90, for the tensors it does not copy by TMA) and are correct, at each head-dim
+// pair of the Hopper kernel.
 TEST(MhaPrefillBackwardValidation, RowAlignmentIsCheckedPerTensor) {
   MLAKIT_SKIP_WITHOUT_GPU();
   struct Target {
@@ -589,36 +590,41 @@ TEST(MhaPrefillBackwardValidation, RowAlignmentIsCheckedPerTensor) {
         EXPECT_TRUE(all_poisoned(d)) << "a rejected call wrote a gradient";
       }
     }
-    SCOPED_TRACE(std::string(target.tensor) + " aligned to 4 bytes only");
-    Spec spec = small_spec(seed++);
-    spec.problem.d_qk = spec.problem.d_v = 128;
-    *target.pad(&spec) = {.offset = 2, .head_pad = 2, .token_pad = 2};
-    const HostMhaBackwardCase c = support::make_mha_backward_case(spec);
-    const MhaBackwardReference ref = support::run_mha_backward_reference(c);
-    // The Hopper kernel copies q, k, v and dout by TMA (16-byte rows): it refuses those, naming
-    // the tensor, and runs with the others (out, dq, dk, dv: plain loads and 4-byte stores).
-    const std::string tensor = target.tensor;
-    const bool tma_copied = tensor == "q" || tensor == "k" || tensor == "v" || tensor == "dout";
-    if (is_hopper() && tma_copied) {
-      DeviceBackwardCase d(c, /*deterministic=*/false, MlaKernel::kSm90);
-      d.poison();
-      const Status s = d.launch();
-      MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
-      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "kSm90: " << s.to_string();
-      EXPECT_TRUE(message_names_argument(s.message(), target.tensor)) << "the tensor is not named: " << s.message();
-      EXPECT_NE(s.message().find("align"), std::string::npos) << "the reason is not named: " << s.message();
-      EXPECT_TRUE(all_poisoned(d)) << "a rejected call wrote a gradient";
-    }
-    std::vector<MlaKernel> kernels = {MlaKernel::kAuto, MlaKernel::kPortable};
-    if (is_hopper() && !tma_copied) kernels.push_back(MlaKernel::kSm90);
-    for (bool deterministic : {false, true}) {
-      for (MlaKernel kernel : kernels) {
-        DeviceBackwardCase d(c, deterministic, kernel);
+    // Each head-dim pair of the Hopper kernel (its dq conversion's 4-byte path per width).
+    for (const auto& [d_qk, d_v] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{192, 128}}) {
+      SCOPED_TRACE(std::string(target.tensor) + " aligned to 4 bytes only, d " + std::to_string(d_qk) + "/" +
+                   std::to_string(d_v));
+      Spec spec = small_spec(seed++);
+      spec.problem.d_qk = d_qk;
+      spec.problem.d_v = d_v;
+      *target.pad(&spec) = {.offset = 2, .head_pad = 2, .token_pad = 2};
+      const HostMhaBackwardCase c = support::make_mha_backward_case(spec);
+      const MhaBackwardReference ref = support::run_mha_backward_reference(c);
+      // The Hopper kernel copies q, k, v and dout by TMA (16-byte rows): it refuses those, naming
+      // the tensor, and runs with the others (out, dq, dk, dv: plain loads and 4-byte stores).
+      const std::string tensor = target.tensor;
+      const bool tma_copied = tensor == "q" || tensor == "k" || tensor == "v" || tensor == "dout";
+      if (is_hopper() && tma_copied) {
+        DeviceBackwardCase d(c, /*deterministic=*/false, MlaKernel::kSm90);
+        d.poison();
         const Status s = d.launch();
-        ASSERT_TRUE(s) << kernel_name(kernel) << ": " << s.to_string();
         MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
-        const std::string bad = check_grads(c, ref, d.download());
-        EXPECT_TRUE(bad.empty()) << backward_mode_name(deterministic) << ", " << kernel_name(kernel) << ": " << bad;
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "kSm90: " << s.to_string();
+        EXPECT_TRUE(message_names_argument(s.message(), target.tensor)) << "the tensor is not named: " << s.message();
+        EXPECT_NE(s.message().find("align"), std::string::npos) << "the reason is not named: " << s.message();
+        EXPECT_TRUE(all_poisoned(d)) << "a rejected call wrote a gradient";
+      }
+      std::vector<MlaKernel> kernels = {MlaKernel::kAuto, MlaKernel::kPortable};
+      if (is_hopper() && !tma_copied) kernels.push_back(MlaKernel::kSm90);
+      for (bool deterministic : {false, true}) {
+        for (MlaKernel kernel : kernels) {
+          DeviceBackwardCase d(c, deterministic, kernel);
+          const Status s = d.launch();
+          ASSERT_TRUE(s) << kernel_name(kernel) << ": " << s.to_string();
+          MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+          const std::string bad = check_grads(c, ref, d.download());
+          EXPECT_TRUE(bad.empty()) << backward_mode_name(deterministic) << ", " << kernel_name(kernel) << ": " << bad;
+        }
       }
     }
   }

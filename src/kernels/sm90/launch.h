@@ -112,8 +112,8 @@ cudaError_t launch_mha_prefill_sm90(const MhaPrefillParams& params, const MhaPre
 
 // ---- MHA prefill backward (mha_backward/) ----
 
-// Problems the Hopper backward serves (the portable kernel serves every one): d (128, 128) and
-// (192, 128), grids within CUDA's y / z limits.
+// Problems the Hopper backward serves (the portable kernel serves every one): d (64, 64),
+// (128, 128) and (192, 128), grids within CUDA's y / z limits.
 constexpr bool mha_sm90_backward_supported(int d_qk, int d_v, int h_kv, int b) {
   return mha_backward_hopper_dims(d_qk, d_v) && h_kv <= 65535 && b <= 65535;
 }
