@@ -1,6 +1,7 @@
 // A consumer warpgroup of the Hopper MHA prefill: 64 query rows of the CTA's tile against
-// every key tile the producer streams, online softmax in base 2, output and LSE stored
-// directly.
+// every key tile the producer streams, online softmax in base 2; the output staged as whole
+// rows in the warpgroup's own Q rows of shared memory (free once its last S is done) and
+// stored 16 bytes at a time, the LSE directly.
 //
 // Per key tile i (run last tile first) the warpgroup issues S_i = Q K_i^T (SS wgmma, N =
 // kBlockN) and, behind it, O += P_{i-1} V_{i-1} (RS wgmma: P from registers, V N-major), then
@@ -18,6 +19,7 @@
 #include <cstdint>
 
 #include "device/numeric.cuh"
+#include "device/sm90/swizzle.cuh"
 #include "device/sm90/sync.cuh"
 #include "device/sm90/wgmma.cuh"
 #include "device/sm90/wgmma_fragment.cuh"
@@ -119,6 +121,8 @@ class Consumer {
   // Barrier 0 is __syncthreads'.
   static constexpr uint32_t kTurnBarrier = 1;
   static constexpr uint32_t kTurnThreads = 2 * dev::kWarpgroupThreads;
+  // Consumer g's own barrier (its 128 threads): the output staged before it is stored.
+  static constexpr uint32_t kStagingBarrier = kTurnBarrier + C::kConsumers;
   __device__ void wait_turn() const { dev::named_barrier_sync(kTurnBarrier + g_, kTurnThreads); }
   __device__ void pass_turn() const {
     dev::named_barrier_arrive(kTurnBarrier + (g_ + 1 == C::kConsumers ? 0 : g_ + 1), kTurnThreads);
@@ -270,6 +274,10 @@ class Consumer {
       inv[h] = l > 0.f ? 1.f / l : 0.f;
       store_lse(h, l > 0.f ? (m_[h] + __log2f(l)) * device::kLn2 : INFINITY);
     }
+    if (out_rows16()) {
+      store_staged(o, inv);
+      return;
+    }
     Elem* out = static_cast<Elem*>(p_.out);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -281,6 +289,43 @@ class Consumer {
         *reinterpret_cast<uint32_t*>(row + dev::acc_col(lane_, j)) =
             device::ElemOps<Elem>::pack(o[j] * inv[h], o[j + 1] * inv[h]);
       }
+    }
+  }
+
+  // Whether out's rows (this head's) start at 16-byte boundaries: the staged store's condition.
+  __device__ bool out_rows16() const {
+    constexpr int kElems = 16 / static_cast<int>(sizeof(Elem));
+    return reinterpret_cast<uintptr_t>(p_.out) % 16 == 0 && p_.out_stride_t % kElems == 0 &&
+           p_.out_stride_h % kElems == 0;
+  }
+
+  // out through shared memory: the fragments, scaled and packed, into this warpgroup's Q rows
+  // (its S products are all done: no wgmma reads them any more, and no other warpgroup does),
+  // in the 128-byte swizzle (a warp's 4-byte stores of 8 rows fall in distinct banks); then,
+  // after a barrier of the warpgroup, whole rows of the sequence 16 bytes at a time. Storing
+  // the fragments straight to global memory writes 16 bytes of each of 8 rows per warp store,
+  // as the backward's dq conversion did at a third of the copy rate.
+  __device__ void store_staged(const float (&o)[kORegs], const float (&inv)[2]) const {
+    static_assert(C::kVSlabs <= C::kQkSlabs, "out's rows fit in the warpgroup's Q rows");
+    uint8_t* rows = &sm_.q[0][0] + g_ * C::kConsumerQOffset;  // slab s of them: rows + s * kQSlabBytes
+#pragma unroll
+    for (int j = 0; j < kORegs; j += 2) {
+      const int h = dev::acc_row_half(j);
+      const int row = dev::acc_row(t_, j);
+      const int col = dev::acc_col(lane_, j);
+      const int at = (col / C::kSlabCols) * C::kQSlabBytes + dev::sw128_offset(row, (col % C::kSlabCols) / 8) +
+                     (col % 8) * static_cast<int>(sizeof(Elem));
+      *reinterpret_cast<uint32_t*>(rows + at) = device::ElemOps<Elem>::pack(o[j] * inv[h], o[j + 1] * inv[h]);
+    }
+    dev::named_barrier_sync(kStagingBarrier + g_, dev::kWarpgroupThreads);
+    constexpr int kRowChunks = C::kDv * static_cast<int>(sizeof(Elem)) / 16;
+    const int valid = w_.q_rows - first_row_ < C::kRowsPerConsumer ? w_.q_rows - first_row_ : C::kRowsPerConsumer;
+    Elem* out = static_cast<Elem*>(p_.out) + (static_cast<int64_t>(w_.q_begin) + first_row_) * p_.out_stride_t +
+                static_cast<int64_t>(w_.head) * p_.out_stride_h;
+    for (int c = t_; c < valid * kRowChunks; c += dev::kWarpgroupThreads) {
+      const int row = c / kRowChunks, chunk = c % kRowChunks;
+      const int at = (chunk / 8) * C::kQSlabBytes + dev::sw128_offset(row, chunk % 8);
+      *reinterpret_cast<uint4*>(out + row * p_.out_stride_t + chunk * 8) = *reinterpret_cast<const uint4*>(rows + at);
     }
   }
 
