@@ -50,13 +50,37 @@ MhaPrefillParams mha_prefill_params(const MhaPrefillArgs& a, const MhaPrefillSha
 
 namespace {
 
+// The Hopper kernel's tail split of `params`' tiles (common/mha_prefill_tiling.h), its
+// partial rows in `workspace`; no split where the workspace has no room for one.
+void plan_tail_split(MhaPrefillParams* params, int sm_count, void* workspace) {
+  const MhaPrefillParams& p = *params;
+  const int64_t tiles = mha_prefill_sm90_tiles(p.max_seqlen_q, p.h_q, p.b, p.d_qk);
+  const int block_n = mha_sm90_block_n(p.d_qk, p.d_v, mha_sm90_wide_keys(p.d_qk, p.causal, p.max_seqlen_k));
+  const int64_t key_tiles = (static_cast<int64_t>(p.max_seqlen_k) + block_n - 1) / block_n;
+  const bool room = workspace != nullptr && mha_prefill_workspace_bytes(p.max_seqlen_q, p.max_seqlen_k, p.h_q, p.b,
+                                                                        p.d_qk, p.d_v, p.causal) > 0;
+  const MhaPrefillTailSplit split =
+      room ? mha_prefill_tail_split(tiles, key_tiles, p.causal, sm_count) : MhaPrefillTailSplit{tiles, 0, 1};
+  params->whole_tiles = split.whole_tiles;
+  params->tail_tiles = split.tail_tiles;
+  params->tail_pieces = split.pieces;
+  if (split.tail_tiles == 0) return;
+  const int block_m = mha_sm90_block_m(p.d_qk);
+  auto* base = static_cast<unsigned char*>(workspace);
+  params->partial_out = reinterpret_cast<float*>(base);
+  params->partial_lse =
+      reinterpret_cast<float*>(base + mha_prefill_partial_out_bytes(kMhaPrefillTailSlots, block_m, p.d_v));
+}
+
 template <typename Elem>
-Status run(const MhaPrefillParams& params, bool sm90_required, MlaKernel kernel, cudaStream_t stream) {
+Status run(MhaPrefillParams params, bool sm90_required, MlaKernel kernel, int sm_count, void* workspace,
+           cudaStream_t stream) {
   constexpr const char* kOp = "mha_prefill";
   if (kernel == MlaKernel::kSm90) {
     MhaPrefillMaps maps;
     std::string why;
     if (make_mha_prefill_maps(params, std::is_same_v<Elem, __nv_bfloat16>, &maps, &why)) {
+      plan_tail_split(&params, sm_count, workspace);
       return cuda_status(kOp, launch_mha_prefill_sm90<Elem>(params, maps, stream));
     }
     if (sm90_required) {
@@ -69,10 +93,12 @@ Status run(const MhaPrefillParams& params, bool sm90_required, MlaKernel kernel,
 }  // namespace
 
 Status dispatch_mha_prefill(const MhaPrefillArgs& args, const MhaPrefillShape& shape, float softmax_scale,
-                            bool sm90_required, MlaKernel kernel, cudaStream_t stream) {
+                            bool sm90_required, MlaKernel kernel, int sm_count, void* workspace, cudaStream_t stream) {
   const MhaPrefillParams params = mha_prefill_params(args, shape, softmax_scale);
-  if (args.q.dtype == DType::kBF16) return run<__nv_bfloat16>(params, sm90_required, kernel, stream);
-  return run<__half>(params, sm90_required, kernel, stream);
+  if (args.q.dtype == DType::kBF16) {
+    return run<__nv_bfloat16>(params, sm90_required, kernel, sm_count, workspace, stream);
+  }
+  return run<__half>(params, sm90_required, kernel, sm_count, workspace, stream);
 }
 
 }  // namespace mlakit::detail

@@ -1,9 +1,10 @@
 // Public GPU entry point of the MHA prefill: validation, layout rules of the kernels, device
-// checks, dispatch. Today's kernels need no workspace (mha_prefill_workspace_size says 0).
+// checks, dispatch. The workspace holds the Hopper kernel's tail split (common/mha_prefill_tiling.h).
 #include "mlakit/mha_prefill.h"
 
 #include <utility>
 
+#include "common/mha_prefill_tiling.h"
 #include "host/check.h"
 #include "host/decode_layout.h"
 #include "host/device.h"
@@ -18,6 +19,11 @@ namespace {
 
 constexpr const char* kOp = "mha_prefill";
 
+std::size_t workspace_bytes_of(const MhaPrefillArgs& args, const detail::MhaPrefillShape& s) {
+  return static_cast<std::size_t>(detail::mha_prefill_workspace_bytes(args.max_seqlen_q, args.max_seqlen_k, s.h_q,
+                                                                      s.b, s.d_qk, s.d_v, args.causal));
+}
+
 }  // namespace
 
 Status mha_prefill_workspace_size(const MhaPrefillArgs& args, std::size_t* bytes) {
@@ -25,13 +31,11 @@ Status mha_prefill_workspace_size(const MhaPrefillArgs& args, std::size_t* bytes
   if (bytes == nullptr) return detail::invalid(kSizeOp, "bytes: expected a pointer, got nullptr");
   detail::MhaPrefillShape shape;
   MLAKIT_RETURN_IF_ERROR(detail::validate_mha_prefill_args(kSizeOp, args, /*allow_float_out=*/false, &shape));
-  *bytes = 0;
+  *bytes = workspace_bytes_of(args, shape);
   return Status::ok();
 }
 
 Status mha_prefill(const MhaPrefillArgs& args, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
-  (void)workspace;
-  (void)workspace_bytes;  // no kernel needs any yet (mha_prefill_workspace_size)
   detail::MhaPrefillShape shape;
   MLAKIT_RETURN_IF_ERROR(detail::validate_mha_prefill_args(kOp, args, /*allow_float_out=*/false, &shape));
   constexpr int64_t kPairBytes = 4;
@@ -55,6 +59,10 @@ Status mha_prefill(const MhaPrefillArgs& args, void* workspace, std::size_t work
   }
   detail::DecodeKernelTraits traits;
   MLAKIT_RETURN_IF_ERROR(detail::select_decode_kernel(kOp, dev, args.kernel, &traits, "kernel"));
+  const std::size_t needed = workspace_bytes_of(args, shape);
+  if (needed > 0) {
+    MLAKIT_RETURN_IF_ERROR(detail::check_workspace(kOp, workspace, workspace_bytes, needed, dev.ordinal));
+  }
   if (detail::is_empty_problem(shape)) return Status::ok();
   // The kernels' grids are (query tiles, h_q, b): CUDA caps the last two at 65535.
   constexpr int64_t kMaxGridYZ = 65535;
@@ -67,7 +75,8 @@ Status mha_prefill(const MhaPrefillArgs& args, void* workspace, std::size_t work
   }
 #if MLAKIT_WITH_CUDA
   return detail::dispatch_mha_prefill(args, shape, detail::resolve_softmax_scale(args.softmax_scale, shape.d_qk),
-                                      args.kernel == MlaKernel::kSm90, traits.kernel, stream);
+                                      args.kernel == MlaKernel::kSm90, traits.kernel, dev.sm_count,
+                                      needed > 0 ? workspace : nullptr, stream);
 #else
   (void)stream;
   return detail::built_without_cuda(kOp);

@@ -29,6 +29,13 @@ struct MhaPrefillParams {
   bool causal = false;  // bottom-right aligned: query t sees keys j <= t + Lk - Lq
   float softmax_scale = 0.f;
   float scale_log2 = 0.f;  // softmax_scale * log2(e): the kernels' exponentials are base 2
+  // The Hopper kernel's tail split (common/mha_prefill_tiling.h; the portable kernel ignores
+  // it): tiles past whole_tiles run in tail_pieces pieces that write their partial rows to the
+  // workspace, merged by the combine kernel. tail_tiles 0: no split.
+  int64_t whole_tiles = 0;
+  int tail_tiles = 0, tail_pieces = 1;
+  float* partial_out = nullptr;  // [tail_tiles * tail_pieces, block_m, d_v]
+  float* partial_lse = nullptr;  // [tail_tiles * tail_pieces, block_m], base 2
 };
 
 }  // namespace mlakit::detail

@@ -24,6 +24,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/mha_prefill_tiling.h"
 #include "gpu_test_util.h"
 #include "mlakit/mha_prefill.h"
 #include "support/mha_prefill_case.h"
@@ -196,6 +197,22 @@ std::vector<MhaCase> sweep_cases() {
     s = mha_prefill_spec({{1}, {1}}, 2, 2, 192, 128, false, 0);
     add("one_row_d192x128", s);
   }
+  // The tail split (common/mha_prefill_tiling.h; TailSplitCasesSplitOnThisGpu checks that
+  // they split): few tiles over many keys, so the Hopper kernel runs each tile in pieces and
+  // combines them; a sequence of one key tile (most of its pieces see no key) and one of no
+  // key among them.
+  {
+    const MhaSequenceLengths lengths = {{130, 200, 100, 129}, {2000, 100, 0, 700}};
+    add("tail_split_d128x128_noncausal_gqa2", mha_prefill_spec(lengths, 2, 1, 128, 128, false, 0));
+    Spec s = mha_prefill_spec(lengths, 2, 1, 192, 128, false, 0);
+    s.tail_q = 4;
+    s.tail_k = 5;
+    add("tail_split_d192x128_noncausal_gqa2", s);
+    s = mha_prefill_spec({{400}, {1500}}, 2, 2, 64, 64, false, 0);
+    s.dtype = DType::kFP16;
+    s.with_lse = false;
+    add("tail_split_fp16_d64x64_noncausal_nolse", s);
+  }
   // Many short sequences (b = 40, lengths 0 to 90).
   {
     Spec s = mha_prefill_spec(support::random_short_sequences(40, 7), 4, 2, 128, 128, true, 0);
@@ -307,6 +324,30 @@ TEST(MhaPrefillGpuCases, ReferenceCostIsBounded) {
   EXPECT_LE(total, kReferenceBudget);
 }
 
+// The sweep's tail-split cases do split on this GPU (else the pieces and their combine would
+// go untested).
+TEST(MhaPrefillGpuCases, TailSplitCasesSplitOnThisGpu) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  if (!is_hopper()) GTEST_SKIP() << "the tail split is the sm90 kernel's";
+  int sm_count = 0;
+  MLAKIT_ASSERT_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  int cases = 0;
+  for (const MhaCase& mc : sweep_cases()) {
+    if (mc.name.rfind("tail_split", 0) != 0) continue;
+    ++cases;
+    const DeviceMhaCase d(prepared(mc).c, MlaKernel::kSm90);
+    const MhaPrefillArgs& a = d.args;
+    const Spec& s = mc.spec;
+    const int block_n = detail::mha_sm90_block_n(s.d_qk, s.d_v, detail::mha_sm90_wide_keys(s.d_qk, false, a.max_seqlen_k));
+    const detail::MhaPrefillTailSplit split = detail::mha_prefill_tail_split(
+        detail::mha_prefill_sm90_tiles(a.max_seqlen_q, s.h_q, static_cast<int64_t>(s.lq.size()), s.d_qk),
+        (a.max_seqlen_k + block_n - 1) / block_n, s.causal, sm_count);
+    EXPECT_GT(split.tail_tiles, 0) << mc.name << " on " << sm_count << " SMs";
+    EXPECT_GE(split.pieces, 2) << mc.name;
+  }
+  EXPECT_EQ(cases, 3);
+}
+
 // ---------------------------------------------------------------------------------------------
 // A stream, a CUDA graph, and new lengths in the same prefix-sum buffers.
 
@@ -400,36 +441,9 @@ TEST(MhaPrefillValidation, HostPointersAreNamed) {
   EXPECT_TRUE(all_poisoned(d)) << "a rejected call wrote an output";
 }
 
-TEST(MhaPrefillValidation, WorkspaceAndOptions) {
-  MLAKIT_SKIP_WITHOUT_GPU();
-  const support::HostMhaPrefillCase c = support::make_mha_prefill_case(small_spec(42));
-  const support::MhaPrefillReference ref = support::run_mha_prefill_reference(c);
-  DeviceMhaCase d(c, MlaKernel::kAuto);
-
-  Status s = mha_prefill_workspace_size(d.args, nullptr);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-  std::size_t bytes = 12345;
-  ASSERT_TRUE(mha_prefill_workspace_size(d.args, &bytes));
-  EXPECT_EQ(bytes, d.workspace.bytes());
-  if (bytes > 0) {
-    s = mha_prefill(d.args, d.workspace.get(), bytes - 1, nullptr);
-    EXPECT_EQ(s.code(), StatusCode::kWorkspaceTooSmall) << s.to_string();
-    EXPECT_TRUE(message_names_argument(s.message(), "workspace_bytes")) << s.message();
-    s = mha_prefill(d.args, nullptr, bytes, nullptr);
-    EXPECT_FALSE(s) << "a null workspace of " << bytes << " bytes was accepted";
-    MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
-    EXPECT_TRUE(all_poisoned(d)) << "a rejected call wrote an output";
-  } else {
-    // Today's kernels need none: no workspace at all is a valid call.
-    s = mha_prefill(d.args, nullptr, 0, nullptr);
-    ASSERT_TRUE(s) << s.to_string();
-    MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
-    const std::string bad = check_device(c, ref, d);
-    EXPECT_TRUE(bad.empty()) << bad;
-    d.poison();
-  }
-
-  // Rejected options: nothing runs.
+// Options that are rejected: nothing runs.
+void check_rejected_options(const DeviceMhaCase& d) {
+  Status s;
   MhaPrefillArgs a = d.args;
   a.softmax_scale = NAN;
   s = mha_prefill(a, d.workspace.get(), d.workspace.bytes(), nullptr);
@@ -448,6 +462,44 @@ TEST(MhaPrefillValidation, WorkspaceAndOptions) {
   }
   MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
   EXPECT_TRUE(all_poisoned(d)) << "a rejected call wrote an output";
+}
+
+// Causal (no workspace) and without causal over enough keys for a tail split (a workspace).
+TEST(MhaPrefillValidation, WorkspaceAndOptions) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  Spec split_spec = mha_prefill_spec({{5, 70}, {600, 9}}, 4, 2, 128, 128, false, 43);
+  split_spec.tail_q = 3;
+  for (const Spec& spec : {small_spec(42), split_spec}) {
+    SCOPED_TRACE(support::describe(spec));
+    const support::HostMhaPrefillCase c = support::make_mha_prefill_case(spec);
+    const support::MhaPrefillReference ref = support::run_mha_prefill_reference(c);
+    DeviceMhaCase d(c, MlaKernel::kAuto);
+
+    Status s = mha_prefill_workspace_size(d.args, nullptr);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    std::size_t bytes = 12345;
+    ASSERT_TRUE(mha_prefill_workspace_size(d.args, &bytes));
+    EXPECT_EQ(bytes, d.workspace.bytes());
+    EXPECT_EQ(bytes > 0, !spec.causal) << "the tail split's workspace: without causal over 600 keys only";
+    if (bytes > 0) {
+      s = mha_prefill(d.args, d.workspace.get(), bytes - 1, nullptr);
+      EXPECT_EQ(s.code(), StatusCode::kWorkspaceTooSmall) << s.to_string();
+      EXPECT_TRUE(message_names_argument(s.message(), "workspace_bytes")) << s.message();
+      s = mha_prefill(d.args, nullptr, bytes, nullptr);
+      EXPECT_FALSE(s) << "a null workspace of " << bytes << " bytes was accepted";
+      MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+      EXPECT_TRUE(all_poisoned(d)) << "a rejected call wrote an output";
+    } else {
+      // None needed: no workspace at all is a valid call.
+      s = mha_prefill(d.args, nullptr, 0, nullptr);
+      ASSERT_TRUE(s) << s.to_string();
+      MLAKIT_ASSERT_CUDA(cudaDeviceSynchronize());
+      const std::string bad = check_device(c, ref, d);
+      EXPECT_TRUE(bad.empty()) << bad;
+      d.poison();
+    }
+    check_rejected_options(d);
+  }
 }
 
 // Layouts the Hopper kernel cannot take (rows 4-byte but not 16-byte aligned, one tensor at a

@@ -45,7 +45,8 @@ constexpr uint32_t kPoison32 = 0xffffffffu;
 
 // First in every run, so that a few cases reach every kernel instance: each head-dim pair
 // causal and not, GQA 1 / 4 / 8, fp16, padded and packed views, no lse, explicit scales, empty
-// query and key sequences, Lq > Lk under causal, rows in no sequence, an oversized max_seqlen.
+// query and key sequences, Lq > Lk under causal, rows in no sequence, an oversized max_seqlen,
+// the Hopper kernel's tail split.
 std::vector<Spec> coverage_cases() {
   std::vector<Spec> c;
   c.push_back(mha_prefill_spec({{1, 63, 0}, {65, 64, 5}}, 4, 4, 64, 64, true, 1));
@@ -76,6 +77,9 @@ std::vector<Spec> coverage_cases() {
   p.packed_qkv = true;
   p.tail_q = p.tail_k = 4;
   c.push_back(p);
+  // The Hopper kernel's tail split (8 tiles over 900 keys: 3 pieces each; the empty second
+  // sequence's pieces see no key).
+  c.push_back(mha_prefill_spec({{130, 50}, {900, 0}}, 2, 1, 128, 128, false, 10));
   return c;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/mha_backward_tiling.h"
+#include "common/mha_prefill_tiling.h"
 #include "kernels/mha_backward_params.h"
 #include "kernels/mha_prefill_params.h"
 #include "kernels/mla_params.h"
@@ -76,24 +77,7 @@ cudaError_t launch_mla_sparse_decode_sm90(const SparseDecodeParams& params, cons
 
 // ---- MHA prefill (mha_prefill/) ----
 
-// Tile heights of the Hopper MHA prefill (its Config uses them, its maps' boxes too): 64 query
-// rows per consumer warpgroup, two of them (128 rows), three at d_qk 64 (192 rows: there the
-// softmax of a tile takes longer than its products, so two warpgroups multiply while one
-// computes it); 128 keys, 112 at d_qk 64 (the three warpgroups have 160 registers each: S,
-// P and O of 128 keys spilled) and 64 at d_v 256 (where O takes 128 registers per thread).
-// Wide key tiles, 144 keys (2 stages), at d 128 (mha_sm90_wide_keys): fewer tiles for the
-// same keys, so less fixed work per key (H100: s 16384 2.5% and the varlen mix 2.2% faster).
-// Not with causal (the wider tiles cross the diagonal more often: up to 2% slower), nor where
-// the keys are a multiple of 128 below 8192 (there 128-key tiles have no partial tile, and at
-// s 4096 the 144-key tiles' partial one, loaded and zeroed first, cost 1.5%); 160 and more
-// spill (docs/history.md).
-constexpr bool mha_sm90_wide_keys(int d_qk, bool causal, int max_seqlen_k) {
-  return d_qk == 128 && !causal && (max_seqlen_k % 128 != 0 || max_seqlen_k >= 8192);
-}
-constexpr int mha_sm90_block_m(int d_qk) { return d_qk == 64 ? 192 : 128; }
-constexpr int mha_sm90_block_n(int d_qk, int d_v, bool wide_keys) {
-  return d_qk == 64 ? 112 : wide_keys ? 144 : d_v <= 128 ? 128 : 64;
-}
+// Tile heights, key-tile widths and the tail split: common/mha_prefill_tiling.h.
 
 // Its TMA maps: q, k and v as 4D maps {d, heads, tokens, 1} read in boxes of 64 columns x 1
 // head x a tile of tokens, 128-byte swizzled.
@@ -105,8 +89,10 @@ struct MhaPrefillMaps {
 // described (unaligned base or strides, sizes past TMA's limits).
 bool make_mha_prefill_maps(const MhaPrefillParams& params, bool bf16, MhaPrefillMaps* maps, std::string* why);
 
-// Grid (query tiles of max_seqlen_q, h_q, b), the longest causal tiles first; one producer
-// warp and two consumer warpgroups of 64 query rows each. Elem: __nv_bfloat16 or __half.
+// Grid (query tiles of max_seqlen_q, h_q, b), the longest causal tiles first, or with a tail
+// split (params.tail_tiles > 0, mha_prefill_tail_split) one dimension of its CTAs, the pieces
+// last, and the combine of the pieces after it; one producer warp and two consumer
+// warpgroups of 64 query rows each. Elem: __nv_bfloat16 or __half.
 template <typename Elem>
 cudaError_t launch_mha_prefill_sm90(const MhaPrefillParams& params, const MhaPrefillMaps& maps, cudaStream_t stream);
 

@@ -67,7 +67,7 @@ class Consumer {
     dev::fence_registers(s);
     release(&sm_.k_empty[0]);
     float unused[2];
-    softmax(s, w_.n_blocks - 1, unused);
+    softmax(s, w_.n_last, unused);
     to_fragments(s, pfrag);
 
 #pragma unroll 1
@@ -83,7 +83,7 @@ class Consumer {
       dev::fence_registers(s);
       release(&sm_.k_empty[stage]);
       float correction[2];
-      softmax(s, w_.n_blocks - 1 - it, correction);
+      softmax(s, w_.n_last - it, correction);
       dev::wgmma_wait<0>();
       dev::fence_registers(o);
       dev::fence_registers(pfrag);
@@ -263,17 +263,23 @@ class Consumer {
     }
   }
 
-  // out = O / l per row (0 for a row without a visible key), lse = ln(2) (m + log2 l).
+  // out = O / l per row (0 for a row without a visible key), lse = ln(2) (m + log2 l); a
+  // piece of a tail tile writes its partial rows instead.
   __device__ void store(float (&o)[kORegs]) {
-    float inv[2];
+    float l[2], inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = l_[h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      inv[h] = l > 0.f ? 1.f / l : 0.f;
-      store_lse(h, l > 0.f ? (m_[h] + __log2f(l)) * device::kLn2 : INFINITY);
+      l[h] = l_[h];
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+      inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
     }
+    if (w_.slot >= 0) {
+      store_partial(o, l, inv);
+      return;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) store_lse(h, l[h] > 0.f ? (m_[h] + __log2f(l[h])) * device::kLn2 : INFINITY);
     if (out_rows16()) {
       store_staged(o, inv);
       return;
@@ -329,7 +335,37 @@ class Consumer {
     }
   }
 
+  // Row r of this warpgroup's rows within the CTA's tile, at row half h.
+  __device__ int tile_row(int h) const { return row0_ + 8 * h - w_.m_block * C::kBlockM; }
+
+  // A piece of a tail tile: its rows' output normalised by the piece's own row sums, float32,
+  // and their base-2 LSE (-inf: the piece saw no key for the row), into its slot for the
+  // combine (common/mha_prefill_tiling.h). A quad's 4 lanes write 32 bytes of a row at once.
+  __device__ void store_partial(const float (&o)[kORegs], const float (&l)[2], const float (&inv)[2]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!row_valid(h)) continue;
+      const int64_t row = static_cast<int64_t>(w_.slot) * C::kBlockM + tile_row(h);
+      if (lane_ % 4 == 0) p_.partial_lse[row] = l[h] > 0.f ? m_[h] + __log2f(l[h]) : -INFINITY;
+      float* dst = p_.partial_out + row * C::kDv;
+#pragma unroll
+      for (int c = 0; c < kORegs / 4; ++c) {
+        const int j = 4 * c + 2 * h;
+        *reinterpret_cast<float2*>(dst + dev::acc_col(lane_, j)) = make_float2(o[j] * inv[h], o[j + 1] * inv[h]);
+      }
+    }
+  }
+
   __device__ void store_empty() const {
+    if (w_.slot >= 0) {  // a piece without key tiles: nothing to add to its rows
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (lane_ % 4 == 0 && row_valid(h)) {
+          p_.partial_lse[static_cast<int64_t>(w_.slot) * C::kBlockM + tile_row(h)] = -INFINITY;
+        }
+      }
+      return;
+    }
     Elem* out = static_cast<Elem*>(p_.out);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

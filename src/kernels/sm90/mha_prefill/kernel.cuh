@@ -6,7 +6,8 @@
 // warpgroups 1 and 2 consume 64 rows each (consumer.cuh). Barriers (config.cuh):
 // q_full, k_full / v_full (the producer's arrival plus the TMA bytes), k_empty / v_empty
 // (lane 0 of each of the 8 consumer warps after its wgmma reads), v_landed (the producer's
-// own wait for the one tile whose rows past the sequence it zeroes). Grid: work_tile.
+// own wait for the one tile whose rows past the sequence it zeroes). Grid: work_tile; the
+// tail split's pieces and their combine: common/mha_prefill_tiling.h, tail_combine.cuh.
 #pragma once
 
 #include <cuda.h>
@@ -16,6 +17,7 @@
 #include "kernels/sm90/mha_prefill/config.cuh"
 #include "kernels/sm90/mha_prefill/consumer.cuh"
 #include "kernels/sm90/mha_prefill/producer.cuh"
+#include "kernels/sm90/mha_prefill/tail_combine.cuh"
 #include "kernels/sm90/mha_prefill/work_tile.cuh"
 #include "kernels/sm90/warp_roles.cuh"
 
@@ -40,10 +42,18 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 template <class C, typename Elem>
 cudaError_t launch(const MhaPrefillParams& p, const MhaPrefillMaps& maps, cudaStream_t stream) {
   static_assert(kSmemBytes<C> <= 227 * 1024, "the opt-in shared memory of one CTA");
-  const dim3 grid((p.max_seqlen_q + C::kBlockM - 1) / C::kBlockM, p.h_q, p.b);
-  if (grid.x == 0) return cudaSuccess;  // every sequence empty: nothing to write
-  return sm90::launch_with_shared_memory(&mha_prefill_sm90_kernel<C, Elem>, grid, C::kThreads, kSmemBytes<C>, stream,
-                                         p, maps);
+  const int m_tiles = (p.max_seqlen_q + C::kBlockM - 1) / C::kBlockM;
+  if (m_tiles == 0) return cudaSuccess;  // every sequence empty: nothing to write
+  // Without a split the grid is the tiles' order itself; with one, its CTAs in a line (the
+  // pieces last), then the combine of the pieces.
+  const MhaPrefillTailSplit split{p.whole_tiles, p.tail_tiles, p.tail_pieces};
+  const dim3 grid = p.tail_tiles > 0 ? dim3(static_cast<unsigned>(split.ctas())) : dim3(m_tiles, p.h_q, p.b);
+  const cudaError_t e = sm90::launch_with_shared_memory(&mha_prefill_sm90_kernel<C, Elem>, grid, C::kThreads,
+                                                        kSmemBytes<C>, stream, p, maps);
+  if (e != cudaSuccess || p.tail_tiles == 0) return e;
+  mha_prefill_tail_combine_kernel<C, Elem>
+      <<<dim3(p.tail_tiles, C::kBlockM / kTailCombineWarps), kTailCombineWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace mlakit::detail::mha_sm90

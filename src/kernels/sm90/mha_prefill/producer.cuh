@@ -53,7 +53,7 @@ __device__ __forceinline__ void produce(const MhaPrefillMaps& maps, const WorkTi
   }
 #pragma unroll 1
   for (int it = 0; it < w.n_blocks; ++it) {
-    const int n = w.n_blocks - 1 - it;
+    const int n = w.n_last - it;
     const int stage = it % C::kStages;
     const uint32_t free_parity = ((it / C::kStages) & 1) ^ 1;  // a fresh barrier passes parity 1
     const int token = w.k_begin + n * C::kBlockN;

@@ -1,5 +1,5 @@
 // Which query tile, head and sequence a CTA of the Hopper MHA prefill owns, and the key tiles
-// it runs; producer and consumers compute it alike (they must agree on the tile count).
+// it runs; producer, consumers and the tail combine compute it alike (they must agree).
 #pragma once
 
 #include <cstdint>
@@ -14,38 +14,69 @@ struct WorkTile {
   int q_begin = 0, k_begin = 0;  // rows of the sequence's first query / key in q / k
   int q_len = 0, k_len = 0;
   int q_rows = 0;  // rows written: q_len, cut at max_seqlen_q (the grid covers no more)
-  int n_blocks = 0;  // key tiles 0 .. n_blocks - 1, run last first (the masked ones first)
+  // Key tiles run: n_last, n_last - 1, ..., n_last - n_blocks + 1 (last first: the masked ones
+  // first); a whole tile runs all it sees, a piece of a tail tile its share of them.
+  int n_blocks = 0, n_last = 0;
+  int slot = -1;  // a piece of a tail tile: its partial rows' slot in the workspace; -1: whole
   bool has_rows = false;  // the tile starts inside its sequence
 };
 
-// Grid (query tiles of max_seqlen_q, h_q, b). Causal tiles run longest first: blockIdx.x 0 is
-// the last query tile, which sees the most keys.
+// Query tile `tile` of the grid's order: the query tiles of max_seqlen_q innermost, then h_q,
+// then b. Causal tiles run longest first: index 0 is the last query tile, which sees the most
+// keys. Everything but the key range.
 template <class C>
-__device__ __forceinline__ WorkTile work_tile(const MhaPrefillParams& p) {
+__device__ __forceinline__ WorkTile tile_at(const MhaPrefillParams& p, int64_t tile) {
   WorkTile w;
-  const int m_tiles = static_cast<int>(gridDim.x);
-  w.m_block = p.causal ? m_tiles - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
-  w.head = static_cast<int>(blockIdx.y);
+  const int m_tiles = (p.max_seqlen_q + C::kBlockM - 1) / C::kBlockM;
+  const int m = static_cast<int>(tile % m_tiles);
+  const int64_t head_batch = tile / m_tiles;
+  w.m_block = p.causal ? m_tiles - 1 - m : m;
+  w.head = static_cast<int>(head_batch % p.h_q);
   w.kv_head = w.head / p.heads_per_kv;
-  w.batch = static_cast<int>(blockIdx.z);
+  w.batch = static_cast<int>(head_batch / p.h_q);
   w.q_begin = p.cu_seqlens_q[w.batch];
   w.q_len = p.cu_seqlens_q[w.batch + 1] - w.q_begin;
   w.k_begin = p.cu_seqlens_k[w.batch];
   w.k_len = p.cu_seqlens_k[w.batch + 1] - w.k_begin;
   w.q_rows = w.q_len < p.max_seqlen_q ? w.q_len : p.max_seqlen_q;
-  const int row_begin = w.m_block * C::kBlockM;
-  w.has_rows = row_begin < w.q_rows;
+  w.has_rows = w.m_block * C::kBlockM < w.q_rows;
+  return w;
+}
+
+// The CTA's work. Without a split the grid is (query tiles, h_q, b) and the CTA's linear index
+// is its tile; with one (params.tail_tiles > 0) the grid is one-dimensional, whole tiles
+// first, then tail_pieces pieces of each tail tile, piece j running the j-th share of the
+// tile's key tiles (possibly none: its rows get LSE -inf, which the combine skips).
+template <class C>
+__device__ __forceinline__ WorkTile work_tile(const MhaPrefillParams& p) {
+  const int64_t cta =
+      blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+  int64_t tile = cta;
+  int piece = 0, pieces = 1;
+  int slot = -1;
+  if (p.tail_tiles > 0 && cta >= p.whole_tiles) {
+    slot = static_cast<int>(cta - p.whole_tiles);
+    pieces = p.tail_pieces;
+    tile = p.whole_tiles + slot / pieces;
+    piece = slot % pieces;
+  }
+  WorkTile w = tile_at<C>(p, tile);
+  w.slot = slot;
   if (!w.has_rows || w.k_len <= 0) return w;
   int n_blocks = (w.k_len + C::kBlockN - 1) / C::kBlockN;
   if (p.causal) {
     // Bottom-right aligned: the tile's last row sees keys up to row_last + k_len - q_len.
+    const int row_begin = w.m_block * C::kBlockM;
     const int row_last = (row_begin + C::kBlockM < w.q_len ? row_begin + C::kBlockM : w.q_len) - 1;
     const int64_t key_last = static_cast<int64_t>(row_last) + w.k_len - w.q_len;
     if (key_last < 0) return w;
     const int64_t causal_blocks = key_last / C::kBlockN + 1;
     if (causal_blocks < n_blocks) n_blocks = static_cast<int>(causal_blocks);
   }
-  w.n_blocks = n_blocks;
+  const int first = static_cast<int>(static_cast<int64_t>(n_blocks) * piece / pieces);
+  const int end = static_cast<int>(static_cast<int64_t>(n_blocks) * (piece + 1) / pieces);
+  w.n_blocks = end - first;
+  w.n_last = end - 1;
   return w;
 }
 
