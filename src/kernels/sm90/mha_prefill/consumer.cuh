@@ -275,7 +275,9 @@ class Consumer {
       inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
     }
     if (w_.slot >= 0) {
-      store_partial(o, l, inv);
+      const float lse2[2] = {l[0] > 0.f ? m_[0] + __log2f(l[0]) : -INFINITY,
+                             l[1] > 0.f ? m_[1] + __log2f(l[1]) : -INFINITY};
+      store_partial(o, inv, lse2);
       return;
     }
 #pragma unroll
@@ -339,14 +341,14 @@ class Consumer {
   __device__ int tile_row(int h) const { return row0_ + 8 * h - w_.m_block * C::kBlockM; }
 
   // A piece of a tail tile: its rows' output normalised by the piece's own row sums, float32,
-  // and their base-2 LSE (-inf: the piece saw no key for the row), into its slot for the
-  // combine (common/mha_prefill_tiling.h). A quad's 4 lanes write 32 bytes of a row at once.
-  __device__ void store_partial(const float (&o)[kORegs], const float (&l)[2], const float (&inv)[2]) const {
+  // and their base-2 LSE (-inf and zeros: the piece saw no key for the row), into its slot for
+  // the combine (common/mha_prefill_tiling.h). A quad's 4 lanes write 32 bytes of a row at once.
+  __device__ void store_partial(const float (&o)[kORegs], const float (&inv)[2], const float (&lse2)[2]) const {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (!row_valid(h)) continue;
       const int64_t row = static_cast<int64_t>(w_.slot) * C::kBlockM + tile_row(h);
-      if (lane_ % 4 == 0) p_.partial_lse[row] = l[h] > 0.f ? m_[h] + __log2f(l[h]) : -INFINITY;
+      if (lane_ % 4 == 0) p_.partial_lse[row] = lse2[h];
       float* dst = p_.partial_out + row * C::kDv;
 #pragma unroll
       for (int c = 0; c < kORegs / 4; ++c) {
@@ -357,13 +359,10 @@ class Consumer {
   }
 
   __device__ void store_empty() const {
-    if (w_.slot >= 0) {  // a piece without key tiles: nothing to add to its rows
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (lane_ % 4 == 0 && row_valid(h)) {
-          p_.partial_lse[static_cast<int64_t>(w_.slot) * C::kBlockM + tile_row(h)] = -INFINITY;
-        }
-      }
+    if (w_.slot >= 0) {  // a piece without key tiles: zero rows of weight 0 (LSE -inf)
+      const float o[kORegs] = {};
+      const float inv[2] = {0.f, 0.f}, lse2[2] = {-INFINITY, -INFINITY};
+      store_partial(o, inv, lse2);
       return;
     }
     Elem* out = static_cast<Elem*>(p_.out);

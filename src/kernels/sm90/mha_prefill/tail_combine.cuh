@@ -3,6 +3,7 @@
 // sum_j 2^lse_j (docs/contract.md, Merging states), the pieces in order (bitwise
 // reproducible); out in q's dtype, lse in natural log. A row for which no piece saw a key
 // gets out 0 and lse +inf, as a whole tile writes it; a NaN partial LSE makes the row NaN.
+// A piece's weight is 0 where it saw no key of the row (its partial row is then zeros).
 #pragma once
 
 #include <cmath>
@@ -30,6 +31,7 @@ __global__ void __launch_bounds__(kTailCombineWarps * 32)
   const int64_t slot0 = static_cast<int64_t>(blockIdx.x) * p.tail_pieces;
   const auto lse_of = [&](int j) { return p.partial_lse[(slot0 + j) * C::kBlockM + r]; };
 
+  // The pieces' LSEs in the lanes (32 at a time), their max, and each piece's weight.
   float mx = -INFINITY;
   bool nan = false;
   for (int j = lane; j < p.tail_pieces; j += 32) {
@@ -40,24 +42,39 @@ __global__ void __launch_bounds__(kTailCombineWarps * 32)
   for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   nan = __any_sync(0xffffffffu, nan);
 
+  // Every piece wrote its rows (zeros where it saw no key), so the rows' loads do not wait for
+  // the weights: kUnroll pieces' loads are in flight together.
+  constexpr int kUnroll = 8;
   float sum = 0.f;
   float acc[kPerLane] = {};
-  if (!nan && mx != -INFINITY) {
-#pragma unroll 4
-    for (int j = 0; j < p.tail_pieces; ++j) {
-      const float v = lse_of(j);  // one address for the warp: a broadcast
-      if (v == -INFINITY) continue;  // the piece saw no key of this row: its partial row is unwritten
-      const float weight = exp2f(v - mx);
-      sum += weight;
-      const float* src = p.partial_out + ((slot0 + j) * C::kBlockM + r) * C::kDv + lane * kPerLane;
+  for (int j0 = 0; j0 < p.tail_pieces; j0 += 32) {
+    const int n = min(32, p.tail_pieces - j0);
+    const float lane_lse = lane < n ? lse_of(j0 + lane) : -INFINITY;
+    const float lane_weight = lane_lse == -INFINITY || mx == -INFINITY ? 0.f : exp2f(lane_lse - mx);
+    sum += lane_weight;
+    for (int u0 = 0; u0 < n; u0 += kUnroll) {
+      float x[kUnroll][kPerLane];
 #pragma unroll
-      for (int i = 0; i < kPerLane; i += 2) {
-        const float2 x = *reinterpret_cast<const float2*>(src + i);
-        acc[i] += weight * x.x;
-        acc[i + 1] += weight * x.y;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = j0 + (u0 + u < n ? u0 + u : n - 1);  // past the last piece: reloads it, weight 0
+        const float* src = p.partial_out + ((slot0 + j) * C::kBlockM + r) * C::kDv + lane * kPerLane;
+#pragma unroll
+        for (int i = 0; i < kPerLane; i += 2) {
+          const float2 v = *reinterpret_cast<const float2*>(src + i);
+          x[u][i] = v.x;
+          x[u][i + 1] = v.y;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float weight = __shfl_sync(0xffffffffu, lane_weight, (u0 + u) & 31);
+        if (u0 + u >= n) continue;
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) acc[i] += weight * x[u][i];
       }
     }
   }
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   const bool empty = !nan && mx == -INFINITY;
   const float inv = nan ? NAN : empty ? 0.f : 1.f / sum;
   const int64_t token = static_cast<int64_t>(w.q_begin) + row;
