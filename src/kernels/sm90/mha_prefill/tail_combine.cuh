@@ -24,7 +24,9 @@ __global__ void __launch_bounds__(kTailCombineWarps * 32)
   constexpr int kPerLane = C::kDv / 32;  // consecutive values of the row per lane: 2, 4 or 8
   static_assert(C::kDv % 64 == 0, "whole float2 per lane");
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const WorkTile w = tile_at<C>(p, p.whole_tiles + blockIdx.x);
+  int m = 0, head = 0, batch = 0;
+  tile_coords<C>(p, static_cast<uint32_t>(p.whole_tiles + blockIdx.x), &m, &head, &batch);
+  const WorkTile w = tile_at<C>(p, m, head, batch);
   const int r = static_cast<int>(blockIdx.y) * kTailCombineWarps + warp;  // row within the tile
   const int row = w.m_block * C::kBlockM + r;                             // within the sequence
   if (!w.has_rows || row >= w.q_rows) return;
