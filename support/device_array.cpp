@@ -40,7 +40,9 @@ void DeviceArray::upload(const void* src, std::size_t bytes) {
 void DeviceArray::download_to(void* dst, std::size_t bytes) const {
   check(cudaMemcpy(dst, ptr_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
 }
-void DeviceArray::fill_bytes(uint8_t value) { check(cudaMemset(ptr_, value, bytes_), "cudaMemset"); }
+void DeviceArray::fill_bytes(uint8_t value) {
+  if (bytes_ > 0) check(cudaMemset(ptr_, value, bytes_), "cudaMemset");  // an empty array has no pointer
+}
 void DeviceArray::fill16(uint16_t pattern) {
   std::vector<uint16_t> host(bytes_ / 2, pattern);
   upload(host.data(), host.size() * 2);

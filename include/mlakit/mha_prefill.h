@@ -54,7 +54,9 @@ struct MhaPrefillArgs {
 // Bytes of device workspace mha_prefill needs for these arguments (shapes and options only, not
 // the lengths, no device query): without causal, room for the Hopper kernel to split the
 // query tiles of its last wave over their keys (up to 132 pieces of 128 rows, 192 at d_qk
-// 64, of d_v float32 values and an LSE: 8.3 MiB at d_v 128); 0 with causal or few keys.
+// 64, of d_v float32 values and an LSE: 8.3 MiB at d_v 128); 0 with causal, few keys or
+// kernel = kPortable. Which tiles split depends on the GPU's SM count: a fixed call repeats its
+// bits on one GPU, another GPU model may differ in the last bits.
 Status mha_prefill_workspace_size(const MhaPrefillArgs& args, std::size_t* bytes);
 
 // Validates every argument (errors name it), then runs on `stream`. Data the host cannot see

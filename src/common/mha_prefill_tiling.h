@@ -39,6 +39,10 @@ MLAKIT_HD constexpr int mha_sm90_block_n(int d_qk, int d_v, bool wide_keys) {
   return d_qk == 64 ? 112 : wide_keys ? 144 : d_v <= 128 ? 128 : 64;
 }
 
+// Tiles of `tile` rows over `rows` rows, without the overflow of (rows + tile - 1) / tile at
+// a max_seqlen near 2^31 (the kernels' index arithmetic is int).
+MLAKIT_HD constexpr int mha_tiles_of(int rows, int tile) { return rows <= 0 ? 0 : (rows - 1) / tile + 1; }
+
 // Slots of the tail split: at most one per SM of a Hopper GPU (132 on the H100 / H200 SXM);
 // a GPU with more SMs splits as if it had this many. The workspace size depends on the shapes
 // only (no device query), so it is sized for this bound.
@@ -56,8 +60,7 @@ struct MhaPrefillTailSplit {
 
 // The grid's query tiles: (query tiles of max_seqlen_q) x h_q x b.
 MLAKIT_HD constexpr int64_t mha_prefill_sm90_tiles(int max_seqlen_q, int h_q, int64_t b, int d_qk) {
-  const int block_m = mha_sm90_block_m(d_qk);
-  return (static_cast<int64_t>(max_seqlen_q) + block_m - 1) / block_m * h_q * b;
+  return static_cast<int64_t>(mha_tiles_of(max_seqlen_q, mha_sm90_block_m(d_qk))) * h_q * b;
 }
 
 // The split of a launch of `tiles` query tiles of at most `key_tiles` key tiles each on

@@ -19,7 +19,9 @@ namespace {
 
 constexpr const char* kOp = "mha_prefill";
 
+// The Hopper kernel's tail split (common/mha_prefill_tiling.h); none for the portable kernel.
 std::size_t workspace_bytes_of(const MhaPrefillArgs& args, const detail::MhaPrefillShape& s) {
+  if (args.kernel == MlaKernel::kPortable) return 0;
   return static_cast<std::size_t>(detail::mha_prefill_workspace_bytes(args.max_seqlen_q, args.max_seqlen_k, s.h_q,
                                                                       s.b, s.d_qk, s.d_v, args.causal));
 }

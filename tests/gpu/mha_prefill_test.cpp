@@ -212,6 +212,8 @@ std::vector<MhaCase> sweep_cases() {
     s.dtype = DType::kFP16;
     s.with_lse = false;
     add("tail_split_fp16_d64x64_noncausal_nolse", s);
+    // One tile over 67 key tiles: 33 pieces, more than the combine's 32 LSEs a round.
+    add("tail_split_33_pieces_d128x128_noncausal", mha_prefill_spec({{16}, {9600}}, 1, 1, 128, 128, false, 0));
   }
   // Many short sequences (b = 40, lengths 0 to 90).
   {
@@ -255,9 +257,12 @@ struct DeviceMhaCase : DeviceMhaPrefillCase {
     if (const Status s = allocate_workspace(); !s) throw std::runtime_error(s.to_string());
     poison();
   }
+  // NaN in out and lse, 0xFF in every workspace byte (the tail split's combine must read only
+  // what this call's pieces wrote).
   void poison() {
     out.fill16(kPoison16);
     lse.fill32(kPoison32);
+    workspace.fill_bytes(0xFF);
   }
 };
 
@@ -344,8 +349,9 @@ TEST(MhaPrefillGpuCases, TailSplitCasesSplitOnThisGpu) {
         (a.max_seqlen_k + block_n - 1) / block_n, s.causal, sm_count);
     EXPECT_GT(split.tail_tiles, 0) << mc.name << " on " << sm_count << " SMs";
     EXPECT_GE(split.pieces, 2) << mc.name;
+    if (mc.name == "tail_split_33_pieces_d128x128_noncausal" && sm_count >= 33) EXPECT_EQ(split.pieces, 33);
   }
-  EXPECT_EQ(cases, 3);
+  EXPECT_EQ(cases, 4);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 template <class C, typename Elem>
 cudaError_t launch(const MhaPrefillParams& p, const MhaPrefillMaps& maps, cudaStream_t stream) {
   static_assert(kSmemBytes<C> <= 227 * 1024, "the opt-in shared memory of one CTA");
-  const int m_tiles = (p.max_seqlen_q + C::kBlockM - 1) / C::kBlockM;
+  const int m_tiles = mha_tiles_of(p.max_seqlen_q, C::kBlockM);
   if (m_tiles == 0) return cudaSuccess;  // every sequence empty: nothing to write
   // Without a split the grid is the tiles' order itself; with one, its CTAs in a line (the
   // pieces last), then the combine of the pieces.

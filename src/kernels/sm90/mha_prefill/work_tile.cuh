@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/mha_prefill_tiling.h"
 #include "kernels/mha_prefill_params.h"
 
 namespace mlakit::detail::mha_sm90 {
@@ -27,7 +28,7 @@ struct WorkTile {
 template <class C>
 __device__ __forceinline__ WorkTile tile_at(const MhaPrefillParams& p, int m, int head, int batch) {
   WorkTile w;
-  const int m_tiles = (p.max_seqlen_q + C::kBlockM - 1) / C::kBlockM;
+  const int m_tiles = mha_tiles_of(p.max_seqlen_q, C::kBlockM);
   w.m_block = p.causal ? m_tiles - 1 - m : m;
   w.head = head;
   w.kv_head = w.head / p.heads_per_kv;
@@ -72,7 +73,7 @@ __device__ __forceinline__ void set_key_range(const MhaPrefillParams& p, int pie
 // 2^31 (mha_prefill_tail_split), so 32-bit division.
 template <class C>
 __device__ __forceinline__ void tile_coords(const MhaPrefillParams& p, uint32_t tile, int* m, int* head, int* batch) {
-  const uint32_t m_tiles = (p.max_seqlen_q + C::kBlockM - 1) / C::kBlockM;
+  const uint32_t m_tiles = static_cast<uint32_t>(mha_tiles_of(p.max_seqlen_q, C::kBlockM));
   const uint32_t head_batch = tile / m_tiles;
   *m = static_cast<int>(tile - head_batch * m_tiles);
   *head = static_cast<int>(head_batch % p.h_q);
