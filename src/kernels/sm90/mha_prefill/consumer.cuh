@@ -266,22 +266,21 @@ class Consumer {
   // out = O / l per row (0 for a row without a visible key), lse = ln(2) (m + log2 l); a
   // piece of a tail tile writes its partial rows instead.
   __device__ void store(float (&o)[kORegs]) {
-    float l[2], inv[2];
+    float inv[2], lse2[2];  // lse2: base 2, -inf for a row without a visible key
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      l[h] = l_[h];
-      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-      inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      float l = l_[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv[h] = l > 0.f ? 1.f / l : 0.f;
+      lse2[h] = l > 0.f ? m_[h] + __log2f(l) : -INFINITY;
     }
     if (w_.slot >= 0) {
-      const float lse2[2] = {l[0] > 0.f ? m_[0] + __log2f(l[0]) : -INFINITY,
-                             l[1] > 0.f ? m_[1] + __log2f(l[1]) : -INFINITY};
       store_partial(o, inv, lse2);
       return;
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) store_lse(h, l[h] > 0.f ? (m_[h] + __log2f(l[h])) * device::kLn2 : INFINITY);
+    for (int h = 0; h < 2; ++h) store_lse(h, lse2[h] == -INFINITY ? INFINITY : lse2[h] * device::kLn2);
     if (out_rows16()) {
       store_staged(o, inv);
       return;

@@ -57,7 +57,7 @@ __device__ __forceinline__ void set_key_range(const MhaPrefillParams& p, int pie
     const int64_t causal_blocks = key_last / C::kBlockN + 1;
     if (causal_blocks < n_blocks) n_blocks = static_cast<int>(causal_blocks);
   }
-  if (pieces == 1) {
+  if (pieces == 1) {  // every unsplit CTA: no 64-bit division in front of its first loads
     w->n_blocks = n_blocks;
     w->n_last = n_blocks - 1;
     return;
