@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "common/host_device.h"
+#include "common/mha_prefill_tiling.h"
 
 namespace mlakit::detail {
 
@@ -163,6 +164,8 @@ struct MhaBackwardWorkspace {
   int64_t counters_offset = 0;
   int64_t counters = 0;  // int32 counters (0 without the deterministic mode)
   int64_t dq_slots = 0;  // query-tile slots of the Hopper kernel's dq_accum (0: not sized for it: no Hopper kernel)
+  int64_t partial_kv_offset = 0;  // the Hopper kernel's tail split (mha_backward_add_tail_split)
+  int64_t partial_kv_slots = 0;   // 0: no split possible
   int64_t bytes = 0;     // total
 };
 
@@ -197,6 +200,33 @@ MLAKIT_HD constexpr MhaBackwardWorkspace mha_backward_workspace(int64_t b, int64
   w.counters_offset = w.row_dot_offset + mha_backward_align(total_q * h_q * 4);
   w.counters = deterministic ? b * h_q * mha_backward_query_tiles(max_seqlen_q, d_qk) : 0;
   w.bytes = w.counters_offset + mha_backward_align(w.counters * 4);
+  return w;
+}
+
+// The Hopper main kernel's tail split (common/mha_prefill_tiling.h): without causal, the key
+// tiles of its last wave run in pieces over their steps, the (query head, query tile) pairs of
+// the walk, each piece's dK (times the scale) and dV in float32 into a slot of
+// partial_kv [slots, kMhaBackwardSm90KeyRows, d_qk + d_v], summed in piece order by a combine.
+// The steps a key tile may walk: its query heads times the query tiles of max_seqlen_q.
+inline constexpr int kMhaBackwardSm90KeyRows = 128;  // keys per CTA (its K / V maps' boxes)
+MLAKIT_HD constexpr int64_t mha_backward_tail_steps(int heads_per_kv, int max_seqlen_q) {
+  return static_cast<int64_t>(heads_per_kv) *
+         ((static_cast<int64_t>(max_seqlen_q) + kMhaBackwardSm90QueryRows - 1) / kMhaBackwardSm90QueryRows);
+}
+MLAKIT_HD constexpr int64_t mha_backward_partial_kv_floats(int64_t slots, int d_qk, int d_v) {
+  return slots * kMhaBackwardSm90KeyRows * (d_qk + d_v);
+}
+// `w` with room for the split's slots where one can happen (dims the Hopper kernel serves,
+// without causal, enough steps): kMhaPrefillTailSlots of them, whatever the GPU.
+MLAKIT_HD constexpr MhaBackwardWorkspace mha_backward_add_tail_split(MhaBackwardWorkspace w, int d_qk, int d_v,
+                                                                     int heads_per_kv, int max_seqlen_q, bool causal) {
+  if (!mha_backward_hopper_dims(d_qk, d_v) || causal ||
+      mha_backward_tail_steps(heads_per_kv, max_seqlen_q) < 2 * kMhaPrefillMinKeyTilesPerPiece) {
+    return w;
+  }
+  w.partial_kv_offset = w.bytes;
+  w.partial_kv_slots = kMhaPrefillTailSlots;
+  w.bytes += mha_backward_align(mha_backward_partial_kv_floats(w.partial_kv_slots, d_qk, d_v) * 4);
   return w;
 }
 

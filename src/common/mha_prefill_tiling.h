@@ -47,8 +47,8 @@ MLAKIT_HD constexpr int mha_tiles_of(int rows, int tile) { return rows <= 0 ? 0 
 // a GPU with more SMs splits as if it had this many. The workspace size depends on the shapes
 // only (no device query), so it is sized for this bound.
 inline constexpr int kMhaPrefillTailSlots = 132;
-// A tail tile is split only where each piece keeps at least this many key tiles: the pieces'
-// partial rows and the combine cost about what one or two key tiles do.
+// A tail tile is split only where each piece keeps at least this many steps (key tiles of the
+// forward): the pieces' partial rows and the combine cost about what one or two steps do.
 inline constexpr int kMhaPrefillMinKeyTilesPerPiece = 2;
 
 struct MhaPrefillTailSplit {
@@ -63,19 +63,21 @@ MLAKIT_HD constexpr int64_t mha_prefill_sm90_tiles(int max_seqlen_q, int h_q, in
   return static_cast<int64_t>(mha_tiles_of(max_seqlen_q, mha_sm90_block_m(d_qk))) * h_q * b;
 }
 
-// The split of a launch of `tiles` query tiles of at most `key_tiles` key tiles each on
-// `sm_count` SMs: none with causal (its tiles run longest first and the short ones fill the
-// last wave), none where the last wave is at least half full (pieces of 1).
-MLAKIT_HD constexpr MhaPrefillTailSplit mha_prefill_tail_split(int64_t tiles, int64_t key_tiles, bool causal,
+// The split of a launch of `tiles` CTA tiles of at most `steps` steps each (the units a tile's
+// work splits into: key tiles of a forward query tile; (query head, query tile) pairs of a
+// backward key tile, common/mha_backward_tiling.h) on `sm_count` SMs: none with causal (its
+// tiles run longest first and the short ones fill the last wave), none where the last wave is
+// at least half full (pieces of 1).
+MLAKIT_HD constexpr MhaPrefillTailSplit mha_prefill_tail_split(int64_t tiles, int64_t steps, bool causal,
                                                                int sm_count) {
   MhaPrefillTailSplit split;
   split.whole_tiles = tiles;
   const int slots = sm_count < kMhaPrefillTailSlots ? sm_count : kMhaPrefillTailSlots;
   if (causal || slots <= 0 || tiles <= 0) return split;
   const int64_t tail = tiles % slots;
-  const int64_t by_keys = key_tiles / kMhaPrefillMinKeyTilesPerPiece;
+  const int64_t by_steps = steps / kMhaPrefillMinKeyTilesPerPiece;
   const int64_t by_slots = tail > 0 ? slots / tail : 0;
-  const int64_t pieces = by_keys < by_slots ? by_keys : by_slots;
+  const int64_t pieces = by_steps < by_slots ? by_steps : by_slots;
   // The split grid is one-dimensional: its CTAs must fit gridDim.x.
   if (pieces < 2 || tiles > INT32_MAX - static_cast<int64_t>(slots)) return split;
   split.whole_tiles = tiles - tail;

@@ -61,6 +61,24 @@ MhaBackwardParams mha_backward_params(const MhaPrefillBackwardArgs& a, const Mha
   return p;
 }
 
+// The Hopper main kernel's tail split (common/mha_backward_tiling.h) over params' key tiles,
+// its pieces' dK and dV in the workspace; none where the layout has no room for one.
+void plan_tail_split(const MhaBackwardWorkspace& layout, void* workspace, MhaBackwardParams* params) {
+  MhaBackwardParams& p = *params;
+  const int64_t key_tiles = (static_cast<int64_t>(p.max_seqlen_k) + kMhaBackwardSm90KeyRows - 1) / kMhaBackwardSm90KeyRows;
+  const int64_t tiles = key_tiles * p.h_kv * p.b;
+  const MhaPrefillTailSplit split =
+      layout.partial_kv_slots > 0
+          ? mha_prefill_tail_split(tiles, mha_backward_tail_steps(p.heads_per_kv, p.max_seqlen_q), p.causal, p.sm_count)
+          : MhaPrefillTailSplit{tiles, 0, 1};
+  p.whole_tiles = split.whole_tiles;
+  p.tail_tiles = split.tail_tiles;
+  p.tail_pieces = split.pieces;
+  if (split.tail_tiles > 0) {
+    p.partial_kv = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + layout.partial_kv_offset);
+  }
+}
+
 // maps: the Hopper main kernel's (its dq_accum in query-tile slots, zeroed by the row kernel
 // beside D and converted by its own kernel), or null for the portable one.
 template <typename Elem>
@@ -107,6 +125,7 @@ Status dispatch_mha_backward(const MhaPrefillBackwardArgs& args, const MhaPrefil
       params.dq_tiled = true;  // the workspace has room for the slots wherever the kernel serves the dims
       params.dq_slots = layout.dq_slots;
       params.sm_count = sm_count;
+      plan_tail_split(layout, workspace, &params);
     } else if (required) {
       return Status(StatusCode::kInvalidArgument, std::string(kOp) + ": kernel: kSm90 cannot take this layout: " + why);
     }

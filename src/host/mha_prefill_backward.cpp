@@ -31,8 +31,9 @@ Status check_kernel_request(const char* op, MlaKernel kernel) {
 }
 
 detail::MhaBackwardWorkspace workspace_of(const MhaPrefillBackwardArgs& args, const detail::MhaPrefillShape& s) {
-  return detail::mha_backward_workspace(s.b, s.total_q, s.h_q, s.d_qk, s.d_v, args.max_seqlen_q,
-                                        args.deterministic);
+  return detail::mha_backward_add_tail_split(
+      detail::mha_backward_workspace(s.b, s.total_q, s.h_q, s.d_qk, s.d_v, args.max_seqlen_q, args.deterministic),
+      s.d_qk, s.d_v, s.h_kv > 0 ? s.h_q / s.h_kv : 0, args.max_seqlen_q, args.causal);
 }
 
 }  // namespace

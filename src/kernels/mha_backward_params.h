@@ -37,6 +37,10 @@ struct MhaBackwardParams : MhaPrefillParams {
   // The device's SMs: the Hopper main kernel's launch order (common/mha_backward_walk.h,
   // mha_backward_launch_group).
   int sm_count = 0;
+  // The Hopper main kernel's tail split (common/mha_backward_tiling.h) in the base's
+  // whole_tiles / tail_tiles / tail_pieces, counted in key tiles (CTAs) of the launch order;
+  // the pieces' dK and dV here.
+  float* partial_kv = nullptr;  // [tail_tiles * tail_pieces, kMhaBackwardSm90KeyRows, d_qk + d_v]
 };
 
 }  // namespace mlakit::detail

@@ -105,6 +105,30 @@ TEST(MhaBackwardTiling, DqSlotsOnlyWhereTheyStaySmall) {
   EXPECT_EQ(mha_backward_dq_slots_within_bounds(4096, 4096 * 64 - 64, 32, 128), 0);
 }
 
+// The Hopper kernel's tail split: room for kMhaPrefillTailSlots slots of 128 key rows x
+// (d_qk + d_v) floats after the other parts, only where a split can happen; b 4 h 32 s 4096 at
+// d 128 is 4096 key tiles (31 waves of 132 and 4), whose last 4 run in 32 pieces of 2 steps
+// (64-row query tiles).
+TEST(MhaBackwardTiling, TailSplitSlotsOnlyWhereASplitCanHappen) {
+  const MhaBackwardWorkspace base = mha_backward_workspace(4, 16384, 32, 128, 128, 4096, false);
+  const MhaBackwardWorkspace w = mha_backward_add_tail_split(base, 128, 128, 1, 4096, /*causal=*/false);
+  EXPECT_EQ(w.partial_kv_offset, base.bytes);
+  EXPECT_EQ(w.partial_kv_slots, kMhaPrefillTailSlots);
+  EXPECT_EQ(w.bytes, base.bytes + int64_t{132} * 128 * 256 * 4);
+  EXPECT_EQ(w.partial_kv_offset % kMhaBackwardAlignment, 0);
+  EXPECT_EQ(mha_backward_add_tail_split(base, 128, 128, 1, 4096, /*causal=*/true).bytes, base.bytes);
+  EXPECT_EQ(mha_backward_add_tail_split(base, 256, 256, 1, 4096, false).bytes, base.bytes);  // no Hopper kernel
+  EXPECT_EQ(mha_backward_add_tail_split(base, 128, 128, 1, 192, false).bytes, base.bytes);   // 3 query tiles
+  EXPECT_GT(mha_backward_add_tail_split(base, 128, 128, 4, 128, false).bytes, base.bytes);   // 4 heads x 2 tiles
+  EXPECT_EQ(mha_backward_tail_steps(4, 130), 12);
+
+  const MhaPrefillTailSplit split = mha_prefill_tail_split(4096, mha_backward_tail_steps(1, 4096), false, 132);
+  EXPECT_EQ(split.whole_tiles, 4092);
+  EXPECT_EQ(split.tail_tiles, 4);
+  EXPECT_EQ(split.pieces, 32);
+  EXPECT_LE(int64_t{split.tail_tiles} * split.pieces, w.partial_kv_slots);
+}
+
 TEST(MhaBackwardTiling, PartsAreAlignedAndCountersOnlyInTheDeterministicMode) {
   const int dims[][2] = {{64, 64}, {128, 128}, {192, 128}, {192, 192}, {256, 256}};
   for (const auto& [d_qk, d_v] : dims) {

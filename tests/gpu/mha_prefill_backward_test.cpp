@@ -343,6 +343,37 @@ TEST(MhaPrefillBackwardGpuCases, ReferenceCostIsBounded) {
   EXPECT_LE(total, kReferenceBudget);
 }
 
+// Sweep cases without causal whose key tiles the Hopper kernel runs in a tail split on this
+// GPU (common/mha_backward_tiling.h): a long sequence (16 pieces of 2 heads' query tiles) and
+// varlen batches with empty sequences (pieces of 1 to 4 steps), at each head-dim pair it
+// serves; else the pieces and their combine would go untested.
+TEST(MhaPrefillBackwardGpuCases, TailSplitCasesSplitOnThisGpu) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  if (!is_hopper()) GTEST_SKIP() << "the tail split is the sm90 kernel's";
+  int sm_count = 0;
+  MLAKIT_ASSERT_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  if (sm_count != 132) GTEST_SKIP() << "the cases are chosen for the 132 SMs of an H100 / H200 SXM";
+  const char* names[] = {"long_1000x1000_d128x128_noncausal_gqa2", "varlen_d64x64_noncausal_gqa4",
+                         "varlen_d128x128_noncausal_gqa1", "varlen_d192x128_noncausal_gqa8"};
+  int found = 0;
+  for (const BackwardCase& bc : sweep_cases()) {
+    bool listed = false;
+    for (const char* n : names) listed |= bc.name == n;
+    if (!listed) continue;
+    ++found;
+    const support::MhaPrefillSpec& s = bc.spec.problem;
+    const DeviceBackwardCase d(prepared(bc).c, /*deterministic=*/false, MlaKernel::kSm90);
+    const int64_t key_tiles =
+        (d.args.max_seqlen_k + detail::kMhaBackwardSm90KeyRows - 1) / detail::kMhaBackwardSm90KeyRows;
+    const detail::MhaPrefillTailSplit split = detail::mha_prefill_tail_split(
+        key_tiles * s.h_kv * static_cast<int64_t>(s.lq.size()),
+        detail::mha_backward_tail_steps(s.h_q / s.h_kv, d.args.max_seqlen_q), s.causal, sm_count);
+    EXPECT_GT(split.tail_tiles, 0) << bc.name << " on " << sm_count << " SMs";
+    EXPECT_GE(split.pieces, 2) << bc.name;
+  }
+  EXPECT_EQ(found, 4);
+}
+
 // ---------------------------------------------------------------------------------------------
 // A stream, a CUDA graph, and new lengths in the same buffers.
 

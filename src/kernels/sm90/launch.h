@@ -103,7 +103,7 @@ cudaError_t launch_mha_prefill_sm90(const MhaPrefillParams& params, const MhaPre
 constexpr bool mha_sm90_backward_supported(int d_qk, int d_v, int h_kv, int b) {
   return mha_backward_hopper_dims(d_qk, d_v) && h_kv <= 65535 && b <= 65535;
 }
-inline constexpr int kMhaBackwardSm90KeyRows = 128;  // keys per CTA (its K / V maps' boxes)
+// Keys per CTA (its K / V maps' boxes): kMhaBackwardSm90KeyRows, common/mha_backward_tiling.h.
 
 // Its TMA maps: q, k, v and dout as 4D maps {d, heads, tokens, 1} read in boxes of 64 columns
 // x 1 head x a tile of tokens (query tiles of kMhaBackwardSm90QueryRows, 128 keys), 128-byte

@@ -327,8 +327,12 @@ class Consumer {
   }
 
   // dK (times softmax_scale) and dV of this consumer's keys inside the sequence, in q's dtype,
-  // two columns per 4-byte store.
+  // two columns per 4-byte store; a piece of a tail tile writes them in float32 to its slot.
   __device__ void store_key_gradients(const float (&dk)[kKRegs], const float (&dv)[kVRegs]) const {
+    if (w_.slot >= 0) {
+      store_partial_key_gradients(dk, dv);
+      return;
+    }
     const int64_t key_row0 = int64_t{w_.k_begin} + w_.key0 + g_ * C::kKeysPerConsumer;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -347,6 +351,30 @@ class Consumer {
       for (int q = 0; q < kVRegs / 4; ++q) {
         const int i = 4 * q + 2 * h;
         *reinterpret_cast<uint32_t*>(dv_row + dev::acc_col(lane_, i)) = Ops::pack(dv[i], dv[i + 1]);
+      }
+    }
+  }
+
+  // A piece's dK (times softmax_scale) and dV of this consumer's keys, float32, into its slot
+  // of partial_kv (rows of d_qk + d_v: dK then dV; common/mha_backward_tiling.h), every key
+  // row of the tile (the combine reads those inside the sequence). A quad's 4 lanes write 32
+  // bytes of a row at once.
+  __device__ void store_partial_key_gradients(const float (&dk)[kKRegs], const float (&dv)[kVRegs]) const {
+    constexpr int kRow = C::kDqk + C::kDv;
+    float* slot = p_.partial_kv + int64_t{w_.slot} * C::kBlockN * kRow;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* row = slot + (g_ * C::kKeysPerConsumer + dev::acc_row(t_, 2 * h)) * kRow;
+#pragma unroll
+      for (int q = 0; q < kKRegs / 4; ++q) {
+        const int i = 4 * q + 2 * h;
+        *reinterpret_cast<float2*>(row + dev::acc_col(lane_, i)) =
+            make_float2(dk[i] * p_.softmax_scale, dk[i + 1] * p_.softmax_scale);
+      }
+#pragma unroll
+      for (int q = 0; q < kVRegs / 4; ++q) {
+        const int i = 4 * q + 2 * h;
+        *reinterpret_cast<float2*>(row + C::kDqk + dev::acc_col(lane_, i)) = make_float2(dv[i], dv[i + 1]);
       }
     }
   }

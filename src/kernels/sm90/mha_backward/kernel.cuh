@@ -9,7 +9,8 @@
 // keys each (consumer.cuh). Barriers (config.cuh): kv_full, q_full / q_empty per stage,
 // kv_landed / q_landed (the producer's own waits before zeroing rows past a sequence),
 // dq_full / dq_empty (the dQ staging), ds_empty (d_qk 192: the one dS buffer); named barriers
-// between the consumers (consumer.cuh).
+// between the consumers (consumer.cuh). Without causal the last wave's key tiles may run in
+// pieces over their query tiles, summed by tail_combine.cuh (common/mha_backward_tiling.h).
 #pragma once
 
 #include <cuda.h>
@@ -20,6 +21,7 @@
 #include "kernels/sm90/mha_backward/consumer.cuh"
 #include "kernels/sm90/mha_backward/dq_writer.cuh"
 #include "kernels/sm90/mha_backward/producer.cuh"
+#include "kernels/sm90/mha_backward/tail_combine.cuh"
 #include "kernels/sm90/mha_backward/work.cuh"
 #include "kernels/sm90/warp_roles.cuh"
 
@@ -48,10 +50,19 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 template <class C, typename Elem>
 cudaError_t launch(const MhaBackwardParams& p, const MhaBackwardMaps& maps, cudaStream_t stream) {
   static_assert(kSmemBytes<C> <= 227 * 1024, "the opt-in shared memory of one CTA");
-  const dim3 grid((p.max_seqlen_k + C::kBlockN - 1) / C::kBlockN, p.h_kv, p.b);
-  if (grid.x == 0) return cudaSuccess;  // no key anywhere: dk and dv are empty
-  return sm90::launch_with_shared_memory(&mha_backward_sm90_kernel<C, Elem>, grid, C::kThreads, kSmemBytes<C>,
-                                         stream, p, maps);
+  static_assert(C::kBlockN == kMhaBackwardSm90KeyRows, "the key tiles the host plans the tail split with");
+  const int key_tiles = (p.max_seqlen_k + C::kBlockN - 1) / C::kBlockN;
+  if (key_tiles == 0) return cudaSuccess;  // no key anywhere: dk and dv are empty
+  // Without a tail split the grid is the launch order's blocks; with one, its CTAs in a line
+  // (the pieces last), then the combine of the pieces.
+  const MhaPrefillTailSplit split{p.whole_tiles, p.tail_tiles, p.tail_pieces};
+  const dim3 grid = p.tail_tiles > 0 ? dim3(static_cast<unsigned>(split.ctas())) : dim3(key_tiles, p.h_kv, p.b);
+  const cudaError_t e = sm90::launch_with_shared_memory(&mha_backward_sm90_kernel<C, Elem>, grid, C::kThreads,
+                                                        kSmemBytes<C>, stream, p, maps);
+  if (e != cudaSuccess || p.tail_tiles == 0) return e;
+  mha_backward_tail_combine_kernel<C, Elem>
+      <<<dim3(p.tail_tiles, C::kBlockN / kTailCombineWarps), kTailCombineWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace mlakit::detail::mha_bwd_sm90
