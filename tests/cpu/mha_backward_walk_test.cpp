@@ -111,7 +111,12 @@ void check_launch_order(int key_tiles, int64_t pairs, int group, bool reversed) 
   const int64_t blocks = int64_t{key_tiles} * pairs;
   std::vector<int64_t> index_of(static_cast<size_t>(blocks), -1);
   for (int64_t linear = 0; linear < blocks; ++linear) {
-    const MhaBackwardBlock b = mha_backward_block(linear, key_tiles, pairs, group, reversed);
+    const MhaBackwardBlock b = mha_backward_block<int64_t>(linear, key_tiles, pairs, group, reversed);
+    // The kernels' 32-bit form (grids of fewer than 2^32 blocks) gives the same block.
+    const MhaBackwardBlock b32 = mha_backward_block<uint32_t>(static_cast<uint32_t>(linear), key_tiles,
+                                                              static_cast<uint32_t>(pairs), group, reversed);
+    ASSERT_EQ(b32.key_tile, b.key_tile) << "block " << linear;
+    ASSERT_EQ(b32.pair, b.pair) << "block " << linear;
     ASSERT_TRUE(b.key_tile >= 0 && b.key_tile < key_tiles && b.pair >= 0 && b.pair < pairs) << "block " << linear;
     int64_t& seen = index_of[static_cast<size_t>(b.pair * key_tiles + b.key_tile)];
     ASSERT_EQ(seen, -1) << "block " << linear << " repeats key tile " << b.key_tile << " of pair " << b.pair;
@@ -148,10 +153,10 @@ TEST(MhaBackwardLaunchOrder, EveryBlockOnceInItsGroupsOrder) {
 TEST(MhaBackwardLaunchOrder, OneGroupPerPairIsTheGridOrder) {
   // Groups of one pair: block x + key_tiles * pair, key tiles ascending (backwards if reversed).
   for (int64_t linear = 0; linear < 5 * 7; ++linear) {
-    const MhaBackwardBlock b = mha_backward_block(linear, 5, 7, 1, false);
+    const MhaBackwardBlock b = mha_backward_block<int64_t>(linear, 5, 7, 1, false);
     EXPECT_EQ(b.key_tile, linear % 5);
     EXPECT_EQ(b.pair, linear / 5);
-    EXPECT_EQ(mha_backward_block(linear, 5, 7, 1, true).key_tile, 4 - linear % 5);
+    EXPECT_EQ(mha_backward_block<int64_t>(linear, 5, 7, 1, true).key_tile, 4 - linear % 5);
   }
 }
 

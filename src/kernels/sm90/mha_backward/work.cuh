@@ -37,16 +37,25 @@ template <class C>
 __device__ __forceinline__ BackwardWork backward_work_at(const MhaBackwardParams& p, int64_t linear) {
   BackwardWork w;
   const int key_tiles = (p.max_seqlen_k + C::kBlockN - 1) / C::kBlockN;
-  const MhaBackwardBlock block = mha_backward_block(linear, key_tiles, int64_t{p.h_kv} * p.b,
-                                                    p.causal && !p.deterministic ? mha_backward_launch_group(key_tiles, p.sm_count) : 1,
-                                                    p.deterministic);
-  w.kv_head = static_cast<int>(block.pair % p.h_kv);
-  w.batch = static_cast<int>(block.pair / p.h_kv);
+  const int64_t pairs = int64_t{p.h_kv} * p.b;
+  const int group = p.causal && !p.deterministic ? mha_backward_launch_group(key_tiles, p.sm_count) : 1;
+  if (pairs * key_tiles <= int64_t{UINT32_MAX}) {  // every realistic grid: 32-bit division
+    const MhaBackwardBlock block = mha_backward_block<uint32_t>(static_cast<uint32_t>(linear), key_tiles,
+                                                                static_cast<uint32_t>(pairs), group, p.deterministic);
+    const auto pair = static_cast<uint32_t>(block.pair);
+    w.kv_head = static_cast<int>(pair % static_cast<uint32_t>(p.h_kv));
+    w.batch = static_cast<int>(pair / static_cast<uint32_t>(p.h_kv));
+    w.key_tile = block.key_tile;
+  } else {
+    const MhaBackwardBlock block = mha_backward_block<int64_t>(linear, key_tiles, pairs, group, p.deterministic);
+    w.kv_head = static_cast<int>(block.pair % p.h_kv);
+    w.batch = static_cast<int>(block.pair / p.h_kv);
+    w.key_tile = block.key_tile;
+  }
   w.q_begin = p.cu_seqlens_q[w.batch];
   w.q_len = p.cu_seqlens_q[w.batch + 1] - w.q_begin;
   w.k_begin = p.cu_seqlens_k[w.batch];
   w.k_len = p.cu_seqlens_k[w.batch + 1] - w.k_begin;
-  w.key_tile = block.key_tile;
   static_cast<MhaBackwardWalk&>(w) =
       mha_backward_walk(w.q_len, w.k_len, p.max_seqlen_q, p.max_seqlen_k, p.total_q - w.q_begin,
                         p.total_k - w.k_begin, p.causal, w.key_tile, C::kBlockM, C::kBlockN);
