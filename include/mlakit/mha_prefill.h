@@ -120,9 +120,12 @@ struct MhaPrefillBackwardArgs {
 // (it holds dq's float32 accumulator: [total_q, h_q, d_qk], at d (64, 64), (128, 128) and (192, 128)
 // as many 64-row query tiles as total_q / 64 + b for the Hopper kernel; D = rowsum(dout *
 // out) [h_q, total_q]; and in the deterministic mode one ordering counter per (sequence,
-// query head, query tile)),
-// then mha_prefill_backward per call. The size depends on the shapes and the options only
-// (total_q, h_q, d_qk, d_v, b, max_seqlen_q, deterministic), not on the lengths.
+// query head, query tile); without causal, where the Hopper kernel may run, room for it to run
+// its last wave's key tiles in pieces: 132 slots of 128 keys x (d_qk + d_v) floats, 16.5 MiB
+// at d 128), then mha_prefill_backward per call. The size depends on the shapes and the
+// options only (total_q, h_q, h_kv, d_qk, d_v, b, max_seqlen_q, causal, deterministic,
+// kernel), not on the lengths or the device. dk and dv repeat their bits on one GPU; the split
+// depends on the SM count, so another GPU model may differ in their last bits.
 // Asynchronous on `stream`, allocates nothing, synchronises nothing on the host,
 // graph-capturable; the prefix sums are read on the device only. Rows of every tensor 4-byte
 // aligned as the forward's. Data rules as the forward's: a length above max_seqlen_q /

@@ -65,7 +65,7 @@ MhaBackwardParams mha_backward_params(const MhaPrefillBackwardArgs& a, const Mha
 // its pieces' dK and dV in the workspace; none where the layout has no room for one.
 void plan_tail_split(const MhaBackwardWorkspace& layout, void* workspace, MhaBackwardParams* params) {
   MhaBackwardParams& p = *params;
-  const int64_t key_tiles = (static_cast<int64_t>(p.max_seqlen_k) + kMhaBackwardSm90KeyRows - 1) / kMhaBackwardSm90KeyRows;
+  const int64_t key_tiles = mha_tiles_of(p.max_seqlen_k, kMhaBackwardSm90KeyRows);
   const int64_t tiles = key_tiles * p.h_kv * p.b;
   const MhaPrefillTailSplit split =
       layout.partial_kv_slots > 0

@@ -31,9 +31,12 @@ Status check_kernel_request(const char* op, MlaKernel kernel) {
 }
 
 detail::MhaBackwardWorkspace workspace_of(const MhaPrefillBackwardArgs& args, const detail::MhaPrefillShape& s) {
-  return detail::mha_backward_add_tail_split(
-      detail::mha_backward_workspace(s.b, s.total_q, s.h_q, s.d_qk, s.d_v, args.max_seqlen_q, args.deterministic),
-      s.d_qk, s.d_v, s.h_kv > 0 ? s.h_q / s.h_kv : 0, args.max_seqlen_q, args.causal);
+  const detail::MhaBackwardWorkspace w =
+      detail::mha_backward_workspace(s.b, s.total_q, s.h_q, s.d_qk, s.d_v, args.max_seqlen_q, args.deterministic);
+  // The tail split only where the Hopper kernel may run: its dims, its dq slots, not kPortable.
+  if (w.dq_slots == 0 || args.kernel == MlaKernel::kPortable) return w;
+  return detail::mha_backward_add_tail_split(w, s.d_qk, s.d_v, s.h_kv > 0 ? s.h_q / s.h_kv : 0, args.max_seqlen_q,
+                                             args.causal);
 }
 
 }  // namespace

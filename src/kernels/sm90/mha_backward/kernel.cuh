@@ -51,7 +51,7 @@ template <class C, typename Elem>
 cudaError_t launch(const MhaBackwardParams& p, const MhaBackwardMaps& maps, cudaStream_t stream) {
   static_assert(kSmemBytes<C> <= 227 * 1024, "the opt-in shared memory of one CTA");
   static_assert(C::kBlockN == kMhaBackwardSm90KeyRows, "the key tiles the host plans the tail split with");
-  const int key_tiles = (p.max_seqlen_k + C::kBlockN - 1) / C::kBlockN;
+  const int key_tiles = mha_tiles_of(p.max_seqlen_k, C::kBlockN);  // no int overflow near 2^31
   if (key_tiles == 0) return cudaSuccess;  // no key anywhere: dk and dv are empty
   // Without a tail split the grid is the launch order's blocks; with one, its CTAs in a line
   // (the pieces last), then the combine of the pieces.

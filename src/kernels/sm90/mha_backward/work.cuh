@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/mha_backward_walk.h"
+#include "common/mha_prefill_tiling.h"
 #include "kernels/mha_backward_params.h"
 
 namespace mlakit::detail::mha_bwd_sm90 {
@@ -36,7 +37,7 @@ struct BackwardWork : MhaBackwardWalk {
 template <class C>
 __device__ __forceinline__ BackwardWork backward_work_at(const MhaBackwardParams& p, int64_t linear) {
   BackwardWork w;
-  const int key_tiles = (p.max_seqlen_k + C::kBlockN - 1) / C::kBlockN;
+  const int key_tiles = mha_tiles_of(p.max_seqlen_k, C::kBlockN);  // no int overflow near 2^31
   const int64_t pairs = int64_t{p.h_kv} * p.b;
   const int group = p.causal && !p.deterministic ? mha_backward_launch_group(key_tiles, p.sm_count) : 1;
   if (pairs * key_tiles <= int64_t{UINT32_MAX}) {  // every realistic grid: 32-bit division
