@@ -23,6 +23,7 @@
 #include "kernels/sm90/mha_backward/producer.cuh"
 #include "kernels/sm90/mha_backward/tail_combine.cuh"
 #include "kernels/sm90/mha_backward/work.cuh"
+#include "kernels/sm90/tail_split_launch.cuh"
 #include "kernels/sm90/warp_roles.cuh"
 
 namespace mlakit::detail::mha_bwd_sm90 {
@@ -53,16 +54,9 @@ cudaError_t launch(const MhaBackwardParams& p, const MhaBackwardMaps& maps, cuda
   static_assert(C::kBlockN == kMhaBackwardSm90KeyRows, "the key tiles the host plans the tail split with");
   const int key_tiles = mha_tiles_of(p.max_seqlen_k, C::kBlockN);  // no int overflow near 2^31
   if (key_tiles == 0) return cudaSuccess;  // no key anywhere: dk and dv are empty
-  // Without a tail split the grid is the launch order's blocks; with one, its CTAs in a line
-  // (the pieces last), then the combine of the pieces.
-  const MhaPrefillTailSplit split{p.whole_tiles, p.tail_tiles, p.tail_pieces};
-  const dim3 grid = p.tail_tiles > 0 ? dim3(static_cast<unsigned>(split.ctas())) : dim3(key_tiles, p.h_kv, p.b);
-  const cudaError_t e = sm90::launch_with_shared_memory(&mha_backward_sm90_kernel<C, Elem>, grid, C::kThreads,
-                                                        kSmemBytes<C>, stream, p, maps);
-  if (e != cudaSuccess || p.tail_tiles == 0) return e;
-  mha_backward_tail_combine_kernel<C, Elem>
-      <<<dim3(p.tail_tiles, C::kBlockN / kTailCombineWarps), kTailCombineWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return sm90::launch_with_tail_split(&mha_backward_sm90_kernel<C, Elem>, dim3(key_tiles, p.h_kv, p.b), C::kThreads,
+                                     kSmemBytes<C>, &mha_backward_tail_combine_kernel<C, Elem>,
+                                     C::kBlockN / kTailCombineWarps, kTailCombineWarps * 32, stream, p, maps);
 }
 
 }  // namespace mlakit::detail::mha_bwd_sm90

@@ -19,6 +19,7 @@
 #include "kernels/sm90/mha_prefill/producer.cuh"
 #include "kernels/sm90/mha_prefill/tail_combine.cuh"
 #include "kernels/sm90/mha_prefill/work_tile.cuh"
+#include "kernels/sm90/tail_split_launch.cuh"
 #include "kernels/sm90/warp_roles.cuh"
 
 namespace mlakit::detail::mha_sm90 {
@@ -44,16 +45,9 @@ cudaError_t launch(const MhaPrefillParams& p, const MhaPrefillMaps& maps, cudaSt
   static_assert(kSmemBytes<C> <= 227 * 1024, "the opt-in shared memory of one CTA");
   const int m_tiles = mha_tiles_of(p.max_seqlen_q, C::kBlockM);
   if (m_tiles == 0) return cudaSuccess;  // every sequence empty: nothing to write
-  // Without a split the grid is the tiles' order itself; with one, its CTAs in a line (the
-  // pieces last), then the combine of the pieces.
-  const MhaPrefillTailSplit split{p.whole_tiles, p.tail_tiles, p.tail_pieces};
-  const dim3 grid = p.tail_tiles > 0 ? dim3(static_cast<unsigned>(split.ctas())) : dim3(m_tiles, p.h_q, p.b);
-  const cudaError_t e = sm90::launch_with_shared_memory(&mha_prefill_sm90_kernel<C, Elem>, grid, C::kThreads,
-                                                        kSmemBytes<C>, stream, p, maps);
-  if (e != cudaSuccess || p.tail_tiles == 0) return e;
-  mha_prefill_tail_combine_kernel<C, Elem>
-      <<<dim3(p.tail_tiles, C::kBlockM / kTailCombineWarps), kTailCombineWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return sm90::launch_with_tail_split(&mha_prefill_sm90_kernel<C, Elem>, dim3(m_tiles, p.h_q, p.b), C::kThreads,
+                                     kSmemBytes<C>, &mha_prefill_tail_combine_kernel<C, Elem>,
+                                     C::kBlockM / kTailCombineWarps, kTailCombineWarps * 32, stream, p, maps);
 }
 
 }  // namespace mlakit::detail::mha_sm90
