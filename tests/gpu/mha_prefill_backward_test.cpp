@@ -507,15 +507,22 @@ TEST(MhaPrefillBackwardValidation, WorkspaceAndOptions) {
     EXPECT_EQ(bytes, d.workspace.bytes());
     ASSERT_GT(bytes, 0u) << "the workspace holds dq's float32 accumulator";
     {
-      // The size follows the shapes and the deterministic flag (mha_prefill.h), not the mask or
-      // the scale.
+      // The size follows the shapes and the options (mha_prefill.h), not the scale. Causal
+      // needs no room for the tail split's pieces; the default mode no ordering counters.
       MhaPrefillBackwardArgs other = d.args;
-      other.causal = !other.causal;
       other.softmax_scale = 0.25f;
       std::size_t again = 0;
       ASSERT_TRUE(mha_prefill_backward_workspace_size(other, &again));
       EXPECT_EQ(again, bytes);
+      std::size_t causal_bytes = 0, full_bytes = 0;
+      other.causal = true;
+      ASSERT_TRUE(mha_prefill_backward_workspace_size(other, &causal_bytes));
+      other.causal = false;
+      ASSERT_TRUE(mha_prefill_backward_workspace_size(other, &full_bytes));
+      EXPECT_LE(causal_bytes, full_bytes) << "causal needs more workspace than the full mask";
+      EXPECT_EQ(bytes, d.args.causal ? causal_bytes : full_bytes);
       if (deterministic) {
+        other.causal = d.args.causal;
         other.deterministic = false;
         ASSERT_TRUE(mha_prefill_backward_workspace_size(other, &again));
         EXPECT_LE(again, bytes) << "the default mode needs more workspace than the deterministic one";
