@@ -1,4 +1,5 @@
-"""The GPU's identity and SM clock: NVML (nvidia-ml-py) where installed, else nvidia-smi."""
+"""The GPU's identity, SM clock and board power: NVML (nvidia-ml-py) where installed, else
+nvidia-smi (no power)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import statistics
 import subprocess
 import threading
+import time
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -69,15 +71,28 @@ def sm_clock_mhz() -> Optional[float]:
         return None
 
 
+def _energy_mj() -> Optional[int]:
+    """The board's energy counter (mJ since the driver loaded); None where NVML lacks it."""
+    try:
+        return int(_PYNVML.nvmlDeviceGetTotalEnergyConsumption(_HANDLE))
+    except Exception:  # NVMLError_NotSupported and the like: no power figure
+        return None
+
+
 class ClockSampler:
-    """Samples the SM clock every 10 ms on a thread while a timed run goes on (NVML only:
-    nvidia-smi is too slow to sample); `median` is None without NVML."""
+    """Samples the SM clock every 10 ms on a thread while a timed run goes on, and reads the
+    board's energy counter before and after it (NVML only: nvidia-smi is too slow to sample);
+    `median` (MHz) and `watts` (the run's mean board power) are None without NVML. Under
+    sustained load the clock follows the power limit: of two kernels doing the same work, the
+    one that draws more power runs at the lower clock, which the time alone does not show."""
 
     def __init__(self) -> None:
         _init()
         self.samples: List[float] = []
+        self.watts: Optional[float] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True) if _PYNVML is not None else None
+        self._start: Optional[tuple] = None
 
     def _poll(self) -> None:
         while not self._stop.is_set():
@@ -86,6 +101,8 @@ class ClockSampler:
 
     def __enter__(self) -> "ClockSampler":
         if self._thread is not None:
+            energy = _energy_mj()
+            self._start = (energy, time.perf_counter()) if energy is not None else None
             self._thread.start()
         return self
 
@@ -93,6 +110,10 @@ class ClockSampler:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
+            if self._start is not None:
+                energy, seconds = _energy_mj(), time.perf_counter() - self._start[1]
+                if energy is not None and seconds > 0:
+                    self.watts = (energy - self._start[0]) * 1e-3 / seconds
 
     @property
     def median(self) -> Optional[float]:

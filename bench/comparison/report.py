@@ -122,6 +122,10 @@ def _mhz(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
+def _watts(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def _side_cell(rec: Dict[str, Any], name: str, key: str, fmt) -> str:
     side = rec["sides"].get(name)
     if side is None:
@@ -136,7 +140,7 @@ def _side_cell(rec: Dict[str, Any], name: str, key: str, fmt) -> str:
 
 def table(header: Dict[str, Any], records: List[Dict[str, Any]]) -> str:
     """Per case: baseline and subject sustained us, the ratios (sustained, idle-pause,
-    kernel-only), kernel-only main us and the SM clock of each side."""
+    kernel-only), kernel-only main us, the SM clock and the mean board power of each side."""
     c = header["ceilings"]
     ceiling = (f"copy {c['copy_gbps']:.0f} GB/s, bf16 matmul {c['matmul_tflops']:.0f} TFLOP/s" if c
                else "ceilings not measured")
@@ -146,7 +150,7 @@ def table(header: Dict[str, Any], records: List[Dict[str, Any]]) -> str:
         f"{header['options']['rep_ms']} ms, L2 flushed; decode: schedule reused across calls",
         "",
         f"{'case':54s} {'base':>9s} {'base us':>8s} {'subj us':>8s} {'ratio':>6s} {'idle':>6s} {'kernel':>6s} "
-        f"{'main b/s us':>15s} {'MHz b/s':>10s}",
+        f"{'main b/s us':>15s} {'MHz b/s':>10s} {'W b/s':>8s}",
     ]
     for rec in records:
         base, subj = rec["baseline"], rec["subject"]
@@ -155,9 +159,10 @@ def table(header: Dict[str, Any], records: List[Dict[str, Any]]) -> str:
             continue
         main = f"{_side_cell(rec, base, 'kernel_main_us', _us)}/{_side_cell(rec, subj, 'kernel_main_us', _us)}"
         mhz = f"{_side_cell(rec, base, 'mhz', _mhz)}/{_side_cell(rec, subj, 'mhz', _mhz)}"
+        watts = f"{_side_cell(rec, base, 'watts', _watts)}/{_side_cell(rec, subj, 'watts', _watts)}"
         times = f"{_side_cell(rec, base, 'sustained_us', _us):>8s} {_side_cell(rec, subj, 'sustained_us', _us):>8s}"
         ratios = " ".join(f"{_x(rec.get(k)):>6s}" for k in ("ratio", "ratio_idle", "ratio_kernel"))
-        lines.append(f"{rec['case']:54s} {SIDE_LABELS.get(base, base):>9s} {times} {ratios} {main:>15s} {mhz:>10s}")
+        lines.append(f"{rec['case']:54s} {SIDE_LABELS.get(base, base):>9s} {times} {ratios} {main:>15s} {mhz:>10s} {watts:>8s}")
         for extra in (bandwidth_line(rec), other_sides_line(rec)):
             if extra:
                 lines.append(extra)

@@ -86,6 +86,7 @@ def _round(rnd: int, order: List[str], runners: Dict[str, Any], measure: Any, op
         with measure.clock() as clock:
             entries[name]["sustained_us"] = measure.sustained(runners[name].call)
         entries[name]["mhz_during"] = clock.median
+        entries[name]["watts_during"] = getattr(clock, "watts", None)
         entries[name]["mhz_after"] = measure.clock_now()
     if opts.idle:
         for name in seq:
@@ -104,7 +105,10 @@ def _summarise(side: Dict[str, Any], runner: Any, x: data.Inputs, measure: Any, 
     side["kernel_main_us"] = _median([r["kernel_us"]["main"] for r in rounds if "kernel_us" in r])
     side["kernel_total_us"] = _median([r["kernel_us"]["total"] for r in rounds if "kernel_us" in r])
     side["mhz"] = _median([r["mhz_during"] or r["mhz_after"] for r in rounds])
+    side["watts"] = _median([r.get("watts_during") for r in rounds])
     seconds = side["sustained_us"] * 1e-6
+    # Energy per call at the sustained rate (the board's, so idle and other draw included).
+    side["mj_per_call"] = side["watts"] * seconds * 1e3 if side["watts"] is not None else None
     side["tflops"] = x.info["flops"] / seconds / 1e12
     # Bytes this side reads (a quantized cache's side reads fewer than SDPA's bf16 copy).
     side["gbps"] = x.info.get("side_bytes", {}).get(runner.side, x.info["bytes"]) / seconds / 1e9
