@@ -118,11 +118,8 @@ def _x(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _mhz(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.0f}"
-
-
-def _watts(value: Optional[float]) -> str:
+def _whole(value: Optional[float]) -> str:
+    """MHz, watts: whole numbers."""
     return "-" if value is None else f"{value:.0f}"
 
 
@@ -158,8 +155,8 @@ def table(header: Dict[str, Any], records: List[Dict[str, Any]]) -> str:
             lines.append(f"{rec['case']:54s} ERROR {rec['error'][:100]}")
             continue
         main = f"{_side_cell(rec, base, 'kernel_main_us', _us)}/{_side_cell(rec, subj, 'kernel_main_us', _us)}"
-        mhz = f"{_side_cell(rec, base, 'mhz', _mhz)}/{_side_cell(rec, subj, 'mhz', _mhz)}"
-        watts = f"{_side_cell(rec, base, 'watts', _watts)}/{_side_cell(rec, subj, 'watts', _watts)}"
+        mhz = f"{_side_cell(rec, base, 'mhz', _whole)}/{_side_cell(rec, subj, 'mhz', _whole)}"
+        watts = f"{_side_cell(rec, base, 'watts', _whole)}/{_side_cell(rec, subj, 'watts', _whole)}"
         times = f"{_side_cell(rec, base, 'sustained_us', _us):>8s} {_side_cell(rec, subj, 'sustained_us', _us):>8s}"
         ratios = " ".join(f"{_x(rec.get(k)):>6s}" for k in ("ratio", "ratio_idle", "ratio_kernel"))
         lines.append(f"{rec['case']:54s} {SIDE_LABELS.get(base, base):>9s} {times} {ratios} {main:>15s} {mhz:>10s} {watts:>8s}")

@@ -86,7 +86,7 @@ def _round(rnd: int, order: List[str], runners: Dict[str, Any], measure: Any, op
         with measure.clock() as clock:
             entries[name]["sustained_us"] = measure.sustained(runners[name].call)
         entries[name]["mhz_during"] = clock.median
-        entries[name]["watts_during"] = getattr(clock, "watts", None)
+        entries[name]["watts_during"] = clock.watts
         entries[name]["mhz_after"] = measure.clock_now()
     if opts.idle:
         for name in seq:

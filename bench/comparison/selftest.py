@@ -487,7 +487,7 @@ class WallMeasure:
         return self._time(fn)
 
     def clock(self):
-        return contextlib.nullcontext(types.SimpleNamespace(median=None))
+        return contextlib.nullcontext(types.SimpleNamespace(median=None, watts=None))
 
     def clock_now(self):
         return None

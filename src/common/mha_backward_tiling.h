@@ -210,8 +210,7 @@ MLAKIT_HD constexpr MhaBackwardWorkspace mha_backward_workspace(int64_t b, int64
 // The steps a key tile may walk: its query heads times the query tiles of max_seqlen_q.
 inline constexpr int kMhaBackwardSm90KeyRows = 128;  // keys per CTA (its K / V maps' boxes)
 MLAKIT_HD constexpr int64_t mha_backward_tail_steps(int heads_per_kv, int max_seqlen_q) {
-  return static_cast<int64_t>(heads_per_kv) *
-         ((static_cast<int64_t>(max_seqlen_q) + kMhaBackwardSm90QueryRows - 1) / kMhaBackwardSm90QueryRows);
+  return static_cast<int64_t>(heads_per_kv) * mha_tiles_of(max_seqlen_q, kMhaBackwardSm90QueryRows);
 }
 MLAKIT_HD constexpr int64_t mha_backward_partial_kv_floats(int64_t slots, int d_qk, int d_v) {
   return slots * kMhaBackwardSm90KeyRows * (d_qk + d_v);
